@@ -1,0 +1,205 @@
+"""Inputs and outputs of the tenant budget controller (DESIGN §4, Tenant budget).
+
+All values are frozen; counts are exact integers ("slots" = concurrent in-flight LLM
+requests). Two numbers per tenant come out of every tick:
+
+- ``caps[t]``: the slots tenant ``t`` *holds*. ``sum(caps) == total`` always, every cap is
+  at least its floor, and a cap is lowered only by slots the tenant is not using, so
+  ``in_flight[t] <= caps[t]`` keeps holding and the in-flight total never exceeds B.
+- ``limits[t]``: the admission limit the router applies — admit a request of ``t`` only
+  while ``in_flight[t] < limits[t]``. ``floor[t] <= limits[t] <= caps[t]``. Where a limit is
+  below the cap the tenant is *draining*: it stops refilling, and the ``caps - limits``
+  slots it still occupies move to the tenant they are promised to as its requests finish
+  (never by preemption). Without this, a saturating tenant refills every slot the moment
+  it frees and a bursting neighbour could never win anything back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+DecisionKind = Literal["move", "drain", "hold"]
+
+
+class BudgetConfigError(ValueError):
+    """A tenant configuration that cannot be applied; the message says exactly why."""
+
+
+def _frozen_map(values: Mapping[str, int]) -> Mapping[str, int]:
+    return MappingProxyType(dict(values))
+
+
+@dataclass(frozen=True)
+class TenantConfig:
+    """One tenant. ``floor`` slots are never reallocated away; ``weight`` (> 0) scales its
+    fair share; ``p99_slo_s`` is its latency objective (None: none); ``static_cap`` is its
+    cap under the static policy (None: weighted split)."""
+
+    name: str
+    floor: int = 0
+    weight: float = 1.0
+    p99_slo_s: float | None = None
+    static_cap: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.strip():
+            raise BudgetConfigError("tenant name must not be empty")
+        if self.floor < 0:
+            raise BudgetConfigError(f"tenant {self.name!r}: floor must be >= 0, got {self.floor}")
+        if not (math.isfinite(self.weight) and self.weight > 0):
+            raise BudgetConfigError(f"tenant {self.name!r}: weight must be > 0, got {self.weight}")
+        if self.p99_slo_s is not None and not (math.isfinite(self.p99_slo_s) and self.p99_slo_s > 0):
+            raise BudgetConfigError(f"tenant {self.name!r}: p99 SLO must be > 0 s, got {self.p99_slo_s}")
+        if self.static_cap is not None and self.static_cap < self.floor:
+            raise BudgetConfigError(
+                f"tenant {self.name!r}: static cap {self.static_cap} is below its floor {self.floor}"
+            )
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    """The total budget B and the tenant set.
+
+    Valid when B > 0, there is at least one tenant, names are unique, floors sum to at
+    most B, and static caps are either all unset or all set and summing to exactly B.
+    """
+
+    total: int
+    tenants: tuple[TenantConfig, ...]
+
+    def __post_init__(self) -> None:
+        if self.total <= 0:
+            raise BudgetConfigError(f"total budget must be > 0, got {self.total}")
+        if not self.tenants:
+            raise BudgetConfigError("at least one tenant is required")
+        names = [t.name for t in self.tenants]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise BudgetConfigError(f"tenant names must be unique; repeated: {', '.join(dupes)}")
+        floors = sum(t.floor for t in self.tenants)
+        if floors > self.total:
+            raise BudgetConfigError(f"floors sum to {floors}, above the total budget {self.total}")
+        statics = [t.static_cap for t in self.tenants if t.static_cap is not None]
+        if statics and len(statics) != len(self.tenants):
+            raise BudgetConfigError("static caps must be set for every tenant or for none")
+        if statics and sum(statics) != self.total:
+            raise BudgetConfigError(f"static caps sum to {sum(statics)}, not the total budget {self.total}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Tenant names in a fixed (sorted) order; every loop in the core uses it."""
+        return tuple(sorted(t.name for t in self.tenants))
+
+    def tenant(self, name: str) -> TenantConfig:
+        for t in self.tenants:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class TenantObservation:
+    """What the router reports for one tenant: requests held ``waiting`` for a slot,
+    requests ``in_flight``, the recent p99 latency (None: unknown) and when it was seen."""
+
+    tenant: str
+    waiting: int
+    in_flight: int
+    observed_at_s: float
+    p99_latency_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.waiting < 0 or self.in_flight < 0:
+            raise ValueError(f"tenant {self.tenant!r}: waiting and in_flight must be >= 0")
+        if self.p99_latency_s is not None and not self.p99_latency_s >= 0:
+            raise ValueError(f"tenant {self.tenant!r}: p99 latency must be >= 0")
+
+    @property
+    def demand(self) -> int:
+        """Queue depth: requests waiting plus requests in flight."""
+        return self.waiting + self.in_flight
+
+
+@dataclass(frozen=True)
+class ClusterObservation:
+    """Engine-side load: mean KV-cache use of the replicas in [0, 1] (None: unknown)."""
+
+    kv_usage_frac: float | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One step of a tick: ``move`` slots to a tenant from a donor, ``drain`` a donor (lower
+    its admission limit so slots free up for ``to_tenant``), or ``hold``."""
+
+    kind: DecisionKind
+    reason: str
+    to_tenant: str = ""
+    from_tenant: str = ""
+    slots: int = 0
+
+    def describe(self) -> str:
+        if self.kind == "hold":
+            return f"hold: {self.reason}"
+        verb = "move" if self.kind == "move" else "drain"
+        return f"{verb} {self.slots} to {self.to_tenant} from {self.from_tenant}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The result of one tick. Invariants (checked here, so a bad allocation cannot exist):
+    ``sum(caps) == total``; ``0 <= limits[t] <= caps[t]``; caps and limits name the same
+    tenants. ``demand_envelope`` is the dynamic controller's memory (fast-rise, slow-decay
+    demand per tenant), carried so a restarted service resumes exactly."""
+
+    revision: int
+    total: int
+    caps: Mapping[str, int]
+    limits: Mapping[str, int]
+    policy: str
+    computed_at_s: float
+    decisions: tuple[Decision, ...] = ()
+    targets: Mapping[str, int] = field(default_factory=dict)
+    demand_envelope: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "caps", _frozen_map(self.caps))
+        object.__setattr__(self, "limits", _frozen_map(self.limits))
+        object.__setattr__(self, "targets", _frozen_map(self.targets))
+        object.__setattr__(self, "demand_envelope", _frozen_map(self.demand_envelope))
+        if sum(self.caps.values()) != self.total:
+            raise ValueError(f"caps sum to {sum(self.caps.values())}, not the total {self.total}")
+        if set(self.caps) != set(self.limits):
+            raise ValueError("caps and limits must name the same tenants")
+        for name, cap in self.caps.items():
+            if not 0 <= self.limits[name] <= cap:
+                raise ValueError(f"tenant {name!r}: limit {self.limits[name]} outside [0, cap {cap}]")
+
+    @property
+    def moved_to(self) -> tuple[str, ...]:
+        """Tenants that received slots this tick (empty: the tick was a hold)."""
+        return tuple(sorted({d.to_tenant for d in self.decisions if d.kind == "move"}))
+
+    @property
+    def is_hold(self) -> bool:
+        return not self.moved_to
+
+
+@dataclass(frozen=True)
+class BudgetState:
+    """Everything a policy needs for one tick: the time, the configuration, the latest
+    observation per tenant (missing or stale: the tenant is held as it is), the previous
+    allocation (None at the very first tick) and engine load."""
+
+    now_s: float
+    config: BudgetConfig
+    observations: Mapping[str, TenantObservation]
+    previous: Allocation | None = None
+    cluster: ClusterObservation = field(default_factory=ClusterObservation)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "observations", MappingProxyType(dict(self.observations)))

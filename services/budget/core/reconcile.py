@@ -1,0 +1,141 @@
+"""Moving caps toward targets without breaking the budget invariants.
+
+Both policies compute *targets* (where the caps should go); ``transfer`` moves the held
+caps toward them under rules that hold for every policy:
+
+1. ``sum(caps) == B`` — slots only move between tenants.
+2. ``caps[t] >= floor[t]`` and ``limits[t] >= floor[t]`` — floors are never lent out, so a
+   tenant that turns busy can admit ``floor`` requests at once.
+3. No preemption: a donor gives only slots it is not using, ``caps[t] >= max(floor,
+   in_flight)`` after a give, so ``in_flight <= caps`` and the in-flight total stays <= B.
+4. A donor whose target is below slots it is still *using* is drained instead: its
+   admission limit drops (never below its target), it stops refilling, and at later ticks
+   the slots it frees are moved.
+5. Per tick a receiver gains at most ``step`` slots (moves plus drains promised to it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from services.budget.core.model import Allocation, BudgetConfig, Decision, TenantObservation
+from services.budget.core.split import water_fill
+
+
+def unused_slots(cap: int, floor: int, obs: TenantObservation | None) -> int:
+    """Slots a tenant holds above its floor and above what it has in flight (0 when its
+    in-flight count is unknown: only slots known to be free may move)."""
+    if obs is None:
+        return 0
+    return max(0, cap - max(floor, obs.in_flight))
+
+
+def normalise(
+    config: BudgetConfig,
+    previous: Allocation | None,
+    observed: Mapping[str, TenantObservation],
+    initial: Mapping[str, int],
+) -> tuple[dict[str, int], list[Decision]]:
+    """Caps over ``config``'s tenants that sum to ``config.total`` and respect floors.
+
+    With no previous allocation: ``initial``. With an unchanged configuration: the previous
+    caps. After a reconfiguration (total, tenant set or floors changed): previous caps kept
+    where possible, raised to floors, new slots split by weight over current caps, excess
+    slots taken first where unused, then from the tenants furthest above their floor — the
+    one case where a cap may fall below in-flight (the operator shrank the budget); the
+    tenant then drains by waiting, nothing is preempted.
+    """
+    names = config.names
+    floors = {t.name: t.floor for t in config.tenants}
+    if previous is None:
+        return dict(initial), [Decision("hold", f"initial split {_fmt(initial)}")]
+    caps = {n: max(previous.caps.get(n, 0), floors[n]) for n in names}
+    if previous.total == config.total and set(previous.caps) == set(names) and caps == dict(previous.caps):
+        return caps, []
+    weights = {t.name: t.weight for t in config.tenants}
+    surplus = sum(caps.values()) - config.total
+    if surplus < 0:
+        caps = water_fill(config.total, weights, caps, {n: config.total for n in names})
+        surplus = 0
+    for name in sorted(names, key=lambda n: (-unused_slots(caps[n], floors[n], observed.get(n)), n)):
+        take = min(surplus, unused_slots(caps[name], floors[name], observed.get(name)))
+        caps[name] -= max(0, take)
+        surplus -= max(0, take)
+    while surplus > 0:
+        name = max((n for n in names if caps[n] > floors[n]), key=lambda n: (caps[n] / weights[n], n))
+        caps[name] -= 1
+        surplus -= 1
+    added = sorted(set(names) - set(previous.caps))
+    removed = sorted(set(previous.caps) - set(names))
+    reason = (
+        f"reconfigured: total {previous.total}->{config.total}, added {added or 'none'}, "
+        f"removed {removed or 'none'}; caps {_fmt(caps)}"
+    )
+    return caps, [Decision("hold", reason)]
+
+
+def transfer(
+    config: BudgetConfig,
+    caps: Mapping[str, int],
+    observed: Mapping[str, TenantObservation],
+    targets: Mapping[str, int],
+    receivers: Sequence[str],
+    step: int,
+    receiver_why: Mapping[str, str],
+) -> tuple[dict[str, int], dict[str, int], list[Decision]]:
+    """Move unused slots from tenants above target to ``receivers`` (in the given priority
+    order), then drain busy donors for what is still missing. Returns (caps, limits,
+    decisions). Donors are taken idle ones first, then the furthest above target."""
+    floors = {t.name: t.floor for t in config.tenants}
+    new = dict(caps)
+    excess = {n: max(0, new[n] - targets[n]) for n in config.names}
+
+    def idle_first(n: str) -> tuple[bool, int, str]:
+        obs = observed.get(n)
+        return (obs is None or obs.demand > 0, -excess[n], n)
+
+    donors = sorted((n for n in config.names if excess[n] > 0), key=idle_first)
+    give = {d: min(unused_slots(new[d], floors[d], observed.get(d)), excess[d]) for d in donors}
+    need = {r: max(0, min(targets[r] - new[r], step)) for r in receivers}
+    decisions: list[Decision] = []
+    for r in receivers:
+        for d in donors:
+            k = min(need[r], give[d])
+            if k <= 0:
+                continue
+            new[r] += k
+            new[d] -= k
+            give[d] -= k
+            need[r] -= k
+            decisions.append(Decision("move", f"{receiver_why[r]}; {_donor_why(d, new[d] + k, targets[d], observed.get(d))}",
+                                      to_tenant=r, from_tenant=d, slots=k))
+    limits = dict(new)
+    for r in receivers:
+        for d in donors:
+            room = limits[d] - max(targets[d], floors[d])
+            k = min(need[r], room)
+            if k <= 0:
+                continue
+            limits[d] -= k
+            need[r] -= k
+            obs = observed.get(d)
+            busy = obs.in_flight if obs is not None else new[d]
+            decisions.append(Decision(
+                "drain",
+                f"{receiver_why[r]}; {d} is using its slots (in flight {busy}, cap {new[d]}, target {targets[d]}): "
+                f"admission limit {limits[d] + k}->{limits[d]}, slots move as its requests finish",
+                to_tenant=r, from_tenant=d, slots=k,
+            ))
+    return new, limits, decisions
+
+
+def _donor_why(name: str, cap: int, target: int, obs: TenantObservation | None) -> str:
+    if obs is None:
+        return f"{name} unobserved"
+    if obs.demand == 0:
+        return f"{name} idle (cap {cap}, target {target})"
+    return f"{name} above target (in flight {obs.in_flight}, cap {cap}, target {target})"
+
+
+def _fmt(caps: Mapping[str, int]) -> str:
+    return "{" + ", ".join(f"{n}: {caps[n]}" for n in sorted(caps)) + "}"

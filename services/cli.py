@@ -1,0 +1,67 @@
+"""The `tao` console script.
+
+Command names are a public contract (DESIGN §5). Each command lives in its own module
+exposing ``add_arguments(parser)`` and ``run(args) -> int``; the module is imported only
+when its command runs, so `tao health` does not pay for matplotlib and a broken optional
+command cannot break the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# (command words) -> (module, one-line help). Longest match wins.
+COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
+    ("up",): ("services.up.cli", "run the whole stack on this machine with an agent workload"),
+    ("serve",): ("services.common.serve_cli", "run one service: router | planner | predictor | budget"),
+    ("health",): ("services.common.health_cli", "gRPC health probe of HOST:PORT (exit 0 when SERVING)"),
+    ("vllm-sim",): ("sim.vllm_sim.cli", "one emulated vLLM replica (OpenAI HTTP API, /metrics)"),
+    ("workload", "generate"): ("sim.workload.cli", "generate an agent workload trace (JSONL)"),
+    ("sim", "run"): ("sim.cluster.cli", "discrete-event comparison of placement policies"),
+    ("planner", "solve"): ("services.planner.cli", "solve one snapshot JSON, print the plan"),
+    ("predictor", "replay"): ("services.predictor.cli", "replay tool events, print prediction accuracy"),
+    ("bench", "e2e"): ("bench.e2e.cli", "drive a live stack (or any OpenAI endpoint) with a trace"),
+    ("bench", "budget"): ("bench.budget.cli", "static vs dynamic tenant budget on the engine model"),
+    ("check", "faults"): ("bench.faults.cli", "inject faults into a live stack and summarise survival"),
+}
+
+
+def _usage() -> str:
+    width = max(len(" ".join(k)) for k in COMMANDS)
+    lines = ["usage: tao <command> [options]", "", "commands:"]
+    for words, (_, help_text) in sorted(COMMANDS.items()):
+        lines.append(f"  {' '.join(words):<{width}}  {help_text}")
+    lines.append("")
+    lines.append("Run `tao <command> --help` for a command's options.")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if args else 2
+    match: tuple[str, ...] | None = None
+    for words in sorted(COMMANDS, key=len, reverse=True):
+        if tuple(args[: len(words)]) == words:
+            match = words
+            break
+    if match is None:
+        print(f"tao: unknown command {' '.join(args[:2])!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, help_text = COMMANDS[match]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog="tao " + " ".join(match), description=help_text)
+    module.add_arguments(parser)
+    ns = parser.parse_args(args[len(match):])
+    try:
+        return int(module.run(ns) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""gRPC server interceptors shared by every service: request id, access log, metrics,
+bearer-token auth (health and reflection exempt) and domain-error mapping.
+
+One wrapper handles all four RPC shapes; streaming handlers must be async generators.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from services.common.errors import DomainError
+from services.common.logging import get_logger, request_id_var
+
+EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+
+class ServerMetrics:
+    """The standard ``grpc_server_*`` metrics (names as in go-grpc-prometheus)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ["grpc_type", "grpc_service", "grpc_method"]
+        self.started = Counter("grpc_server_started", "RPCs started on the server.", labels, registry=registry)
+        self.handled = Counter(
+            "grpc_server_handled", "RPCs completed on the server, regardless of success or failure.",
+            [*labels, "grpc_code"], registry=registry,
+        )
+        self.handling_seconds = Histogram(
+            "grpc_server_handling_seconds", "Response latency of RPCs handled by the server.", labels,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=registry,
+        )
+
+
+def _split(method: str) -> tuple[str, str]:
+    _, service, name = method.split("/", 2) if method.count("/") >= 2 else ("", "unknown", method)
+    return service, name
+
+
+def _rpc_type(handler: grpc.RpcMethodHandler) -> str:
+    if handler.request_streaming and handler.response_streaming:
+        return "bidi_stream"
+    if handler.request_streaming:
+        return "client_stream"
+    if handler.response_streaming:
+        return "server_stream"
+    return "unary"
+
+
+class ServiceInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, service: str, metrics: ServerMetrics, auth_token: str | None = None) -> None:
+        self._log = get_logger(service)
+        self._metrics = metrics
+        self._token = auth_token.encode() if auth_token else None
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = handler_call_details.method
+        exempt = method.startswith(EXEMPT_PREFIXES)
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        service, name = _split(method)
+        kind = _rpc_type(handler)
+        labels = (kind, service, name)
+        authorised = exempt or self._token is None or self._check_token(metadata.get("authorization"))
+        rid = str(metadata.get("x-request-id") or uuid.uuid4().hex[:16])
+
+        def finish(context: grpc.aio.ServicerContext, started: float, error: BaseException | None) -> None:
+            code = context.code() if hasattr(context, "code") else None
+            if code is None:
+                code = grpc.StatusCode.OK if error is None else grpc.StatusCode.UNKNOWN
+            code_name = code.name if isinstance(code, grpc.StatusCode) else str(code)
+            elapsed = time.perf_counter() - started
+            self._metrics.handled.labels(*labels, code_name).inc()
+            self._metrics.handling_seconds.labels(*labels).observe(elapsed)
+            if not exempt:
+                self._log.info("rpc", method=method, code=code_name, ms=round(elapsed * 1000, 3))
+            if error is not None and not isinstance(error, (DomainError, grpc.aio.AbortError)):
+                self._log.error("rpc failed", method=method, error=repr(error))
+
+        async def begin(context: grpc.aio.ServicerContext) -> None:
+            request_id_var.set(rid)
+            self._metrics.started.labels(*labels).inc()
+            if not authorised:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+
+        async def map_error(context: grpc.aio.ServicerContext, exc: DomainError) -> None:
+            await context.abort(exc.code, str(exc) or type(exc).__name__)
+
+        if not handler.request_streaming and not handler.response_streaming:
+            inner_uu = handler.unary_unary
+
+            async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                started = time.perf_counter()
+                error: BaseException | None = None
+                try:
+                    await begin(context)
+                    return await inner_uu(request, context)
+                except DomainError as exc:
+                    error = exc
+                    await map_error(context, exc)
+                except BaseException as exc:
+                    error = exc
+                    raise
+                finally:
+                    finish(context, started, error)
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary_unary, handler.request_deserializer, handler.response_serializer
+            )
+
+        if handler.request_streaming and not handler.response_streaming:
+            inner_su = handler.stream_unary
+
+            async def stream_unary(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+                started = time.perf_counter()
+                error: BaseException | None = None
+                try:
+                    await begin(context)
+                    return await inner_su(requests, context)
+                except DomainError as exc:
+                    error = exc
+                    await map_error(context, exc)
+                except BaseException as exc:
+                    error = exc
+                    raise
+                finally:
+                    finish(context, started, error)
+
+            return grpc.stream_unary_rpc_method_handler(
+                stream_unary, handler.request_deserializer, handler.response_serializer
+            )
+
+        inner_stream = handler.unary_stream if not handler.request_streaming else handler.stream_stream
+
+        async def streaming(request_or_iter: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            started = time.perf_counter()
+            error: BaseException | None = None
+            try:
+                await begin(context)
+                async for item in inner_stream(request_or_iter, context):
+                    yield item
+            except DomainError as exc:
+                error = exc
+                await map_error(context, exc)
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                finish(context, started, error)
+
+        if handler.request_streaming:
+            return grpc.stream_stream_rpc_method_handler(
+                streaming, handler.request_deserializer, handler.response_serializer
+            )
+        return grpc.unary_stream_rpc_method_handler(streaming, handler.request_deserializer, handler.response_serializer)
+
+    def _check_token(self, header: str | None) -> bool:
+        if not header or not header.lower().startswith("bearer ") or self._token is None:
+            return False
+        return hmac.compare_digest(header[7:].strip().encode(), self._token)
+
+
+class BearerTokenAuth(grpc.AuthMetadataPlugin):
+    """Client side: attach ``authorization: Bearer <token>`` (use with TLS channel credentials)."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    def __call__(self, context: grpc.AuthMetadataContext, callback: grpc.AuthMetadataPluginCallback) -> None:
+        callback((("authorization", f"Bearer {self._token}"),), None)

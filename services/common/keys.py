@@ -1,0 +1,72 @@
+"""The Redis key schema: every key and channel TAO uses, and who writes it.
+
+One writer per family (DESIGN §2, §5). A service may add keys only under its own
+prefix ``tao:<service>:``; values are JSON records from ``services.common.records``
+that carry the writer's epoch and revision.
+"""
+
+from __future__ import annotations
+
+PREFIX = "tao"
+
+
+def epoch_key(service: str) -> str:
+    """The live epoch of ``service`` (string). Written by that service with every publish."""
+    return f"{PREFIX}:{service}:epoch"
+
+
+# --- router (sole writer) ---------------------------------------------------------------
+#: hash: session_id -> SessionRecord JSON (sessions not ENDED; ended ones are deleted)
+SESSIONS = f"{PREFIX}:router:sessions"
+#: hash: replica_id -> ReplicaRecord JSON
+REPLICAS = f"{PREFIX}:router:replicas"
+#: hash: tenant -> TenantDemandRecord JSON (read by the budget service)
+DEMAND = f"{PREFIX}:router:demand"
+#: pub/sub: the router publishes the session id whenever the pool changes (planner debounces)
+POOL_CHANNEL = f"{PREFIX}:router:pool"
+
+# --- predictor (sole writer) --------------------------------------------------------------
+#: hash: session_id -> PredictionRecord JSON
+PREDICTIONS = f"{PREFIX}:predictor:predictions"
+#: hash: history key -> predictor-core history state JSON
+PREDICTOR_HISTORY = f"{PREFIX}:predictor:history"
+#: pub/sub: PredictionRecord JSON whenever a session's readiness changes
+READINESS_CHANNEL = f"{PREFIX}:predictor:readiness"
+
+# --- planner (sole writer) ----------------------------------------------------------------
+#: string: the latest PlanRecord JSON
+PLAN = f"{PREFIX}:planner:plan"
+#: pub/sub: PlanRecord JSON of every published plan
+PLAN_CHANNEL = f"{PREFIX}:planner:plans"
+
+# --- budget (sole writer) -----------------------------------------------------------------
+#: string: the latest AllocationRecord JSON
+ALLOCATION = f"{PREFIX}:budget:allocation"
+#: pub/sub: AllocationRecord JSON of every published allocation
+ALLOCATION_CHANNEL = f"{PREFIX}:budget:allocations"
+#: string: BudgetConfigRecord JSON (tenants, total, policy)
+BUDGET_CONFIG = f"{PREFIX}:budget:config"
+
+#: family -> owning service, used by tests that check the one-writer rule
+OWNERS: dict[str, str] = {
+    SESSIONS: "router",
+    REPLICAS: "router",
+    DEMAND: "router",
+    POOL_CHANNEL: "router",
+    PREDICTIONS: "predictor",
+    PREDICTOR_HISTORY: "predictor",
+    READINESS_CHANNEL: "predictor",
+    PLAN: "planner",
+    PLAN_CHANNEL: "planner",
+    ALLOCATION: "budget",
+    ALLOCATION_CHANNEL: "budget",
+    BUDGET_CONFIG: "budget",
+}
+
+
+def owner_of(key: str) -> str:
+    """The service allowed to write ``key`` (its ``tao:<service>:`` prefix)."""
+    parts = key.split(":")
+    if len(parts) < 3 or parts[0] != PREFIX:
+        raise ValueError(f"{key!r} is not a TAO key")
+    return parts[1]

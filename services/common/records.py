@@ -1,0 +1,203 @@
+"""Records shared through Redis. These are contracts between services: change them
+deliberately, keeping old fields readable (``extra="ignore"`` lets readers skip new ones).
+
+Every record carries the writer's ``epoch`` (start-up id) and ``rev`` (monotonic within
+the epoch) — see ``services.common.epoch``. Times shared between processes are Unix
+seconds (``*_unix_s``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+Phase = Literal["WAITING", "RUNNING", "ACTING", "PAUSED", "ENDED"]
+EvidenceKind = Literal["kv_events", "cached_tokens", "volume"]
+
+
+class RecordError(ValueError):
+    """A stored value could not be read as the expected record."""
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    epoch: str = Field(min_length=1)
+    rev: int = Field(ge=0)
+
+
+class CacheObservation(BaseModel):
+    """What the router last learned about a session's cache on one replica (planner credit input)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    replica: str
+    #: k0: tokens believed resident on the replica right after the observation
+    resident_tokens: int = Field(ge=0)
+    #: prompt tokens of the request that produced the observation
+    prompt_tokens: int = Field(ge=0)
+    #: usage.prompt_tokens_details.cached_tokens reported by the replica (0 when absent)
+    cached_tokens: int = Field(ge=0)
+    #: total tokens this session has processed on the replica (volume evidence)
+    processed_tokens: int = Field(ge=0)
+    observed_at_unix_s: float
+    kind: EvidenceKind
+
+
+class SessionRecord(Record):
+    """Router-owned state of one agent session (DESIGN §3)."""
+
+    session_id: str
+    tenant: str
+    phase: Phase
+    replica: str | None = None
+    admitted: bool = False
+    #: the router will pause the session when its in-flight request ends
+    pause_pending: bool = False
+    context_tokens: int = Field(default=0, ge=0)
+    last_prompt_tokens: int = Field(default=0, ge=0)
+    last_output_tokens: int = Field(default=0, ge=0)
+    ewma_output_tokens: float = Field(default=0.0, ge=0)
+    expected_append_tokens: int = Field(default=0, ge=0)
+    footprint_tokens: int = Field(default=0, ge=0)
+    requests: int = Field(default=0, ge=0)
+    last_cached_tokens: int = Field(default=0, ge=0)
+    last_ttft_s: float | None = None
+    cache: tuple[CacheObservation, ...] = ()
+    created_at_unix_s: float
+    updated_at_unix_s: float
+    waiting_since_unix_s: float | None = None
+    acting_since_unix_s: float | None = None
+
+
+class ReplicaRecord(Record):
+    """Router-owned view of one vLLM replica."""
+
+    replica_id: str
+    url: str
+    healthy: bool
+    draining: bool = False
+    kv_capacity_tokens: int = Field(ge=0)
+    #: admissible capacity: kv_capacity_tokens x target utilisation
+    capacity_tokens: int = Field(ge=0)
+    used_tokens: int = Field(default=0, ge=0)
+    running: int = Field(default=0, ge=0)
+    waiting: int = Field(default=0, ge=0)
+    kv_cache_usage: float = Field(default=0.0, ge=0.0, le=1.0)
+    prefix_hit_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+    updated_at_unix_s: float
+
+
+class TenantDemandRecord(Record):
+    """Router-owned demand of one tenant (budget service input)."""
+
+    tenant: str
+    waiting: int = Field(ge=0)
+    in_flight: int = Field(ge=0)
+    p99_latency_s: float = Field(default=0.0, ge=0.0)
+    updated_at_unix_s: float
+
+
+class PredictionRecord(Record):
+    """Predictor-owned prediction for one session's latest tool call."""
+
+    session_id: str
+    call_id: str
+    tool: str
+    ready: bool
+    ready_reason: str
+    expected_duration_s: float = Field(ge=0.0)
+    remaining_s: float = Field(ge=0.0)
+    elapsed_s: float = Field(ge=0.0)
+    #: completed | direct_timing | deadline | parsed_sleep | tool_history | global_history | default
+    evidence: str
+    completed: bool = False
+    #: when the call started and when the prediction was refreshed (Unix seconds)
+    started_at_unix_s: float
+    refreshed_at_unix_s: float
+    #: absolute predicted return time, Unix seconds (readers recompute readiness from it)
+    predicted_return_unix_s: float
+    #: exposed return deadline as an absolute time, when the harness gave one
+    deadline_unix_s: float | None = None
+
+
+class AssignmentRecord(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    session: str
+    replica: str
+
+
+class PlanRecord(Record):
+    """Planner-owned published plan."""
+
+    policy: str
+    assignments: tuple[AssignmentRecord, ...] = ()
+    pauses: tuple[str, ...] = ()
+    #: (credit_tokens, ready_sessions, footprint_tokens)
+    objective: tuple[int, int, int] = (0, 0, 0)
+    upper_bound: tuple[int, int, int] | None = None
+    solver: str
+    solve_ms: float = Field(ge=0.0)
+    excluded_by_rounding: int = Field(default=0, ge=0)
+    #: when the snapshot the plan was computed from was read (Unix seconds): revalidation
+    #: rejects assignments for sessions whose state changed after it
+    snapshot_at_unix_s: float
+    created_at_unix_s: float
+
+
+class DecisionRecord(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    kind: Literal["move", "hold"]
+    to_tenant: str = ""
+    from_tenant: str = ""
+    slots: int = Field(default=0, ge=0)
+    reason: str = ""
+
+
+class AllocationRecord(Record):
+    """Budget-owned tenant caps; caps always sum to total."""
+
+    total: int = Field(gt=0)
+    caps: dict[str, int]
+    policy: str
+    decisions: tuple[DecisionRecord, ...] = ()
+    decided_at_unix_s: float
+
+
+class TenantConfigRecord(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    name: str = Field(min_length=1)
+    floor: int = Field(default=0, ge=0)
+    weight: float = Field(default=1.0, gt=0.0)
+    p99_slo_s: float = Field(default=0.0, ge=0.0)
+    static_cap: int = Field(default=0, ge=0)
+
+
+class BudgetConfigRecord(Record):
+    """Budget-owned configuration (survives a budget-service restart)."""
+
+    total_budget: int = Field(gt=0)
+    tenants: tuple[TenantConfigRecord, ...]
+    policy: str
+
+
+R = TypeVar("R", bound=BaseModel)
+
+
+def dump(record: BaseModel) -> str:
+    """Serialise a record for Redis."""
+    return record.model_dump_json()
+
+
+def load(cls: type[R], raw: str | bytes | None) -> R:
+    """Parse a stored value; ``RecordError`` (never a pydantic traceback) when it is not a ``cls``."""
+    if raw is None:
+        raise RecordError(f"no {cls.__name__} stored")
+    try:
+        return cls.model_validate_json(raw)
+    except ValidationError as exc:
+        raise RecordError(f"stored value is not a valid {cls.__name__}: {exc.errors()[0]['msg']}") from exc

@@ -1,0 +1,225 @@
+"""Token content and vLLM-style chained block hashes.
+
+vLLM V1 identifies a full KV block by ``hash((parent_block_hash, block_tokens, extra_keys))``
+(vllm ``docs/design/prefix_caching.md``), so two requests share a cached block exactly when
+their token prefixes up to the end of that block are identical. We keep that chaining but
+make the *content key* of a block cheap to produce:
+
+- real token ids (the ``tao vllm-sim`` word tokenizer): key = the tuple of the block's ids;
+- synthetic content (contract B, trace-driven load): token ``i`` of a request is
+  ``synthetic_token_id(source(i), i)`` where ``source(i)`` is the shared-prefix id for
+  ``i < system_prompt_tokens`` (when a shared prefix is given) and the session id otherwise.
+  A block's tokens are therefore fully determined by ``(source keys, block index)``, which is
+  the key we hash instead of 16 ints.
+
+Both kinds go through the same ``chain_hash(parent, key)``. Python's hash of tuples of ints is
+not salted, so hashes are reproducible across processes (string ids are first turned into
+64-bit ints with blake2b).
+
+Invariant: ``content.block_hashes(n)`` returns a list whose first ``n`` entries are the chained
+hashes of blocks ``0..n-1`` (the list may be longer and may be shared between requests of the
+same session; callers must not mutate it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Protocol
+
+BLOCK_SIZE = 16
+"""vLLM's default KV block size in tokens (CacheConfig.block_size)."""
+
+VOCAB_SIZE = 32768
+"""Size of the emulator's token-id space (synthetic ids and the word tokenizer share it)."""
+
+_MASK64 = (1 << 64) - 1
+
+
+def stable_key(text: str) -> int:
+    """A process-independent 63-bit integer for a string id."""
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+ROOT_HASH = stable_key("tao/sim/engine/root-block-hash")
+"""Parent hash of block 0 (vLLM's NONE_HASH plays this role)."""
+
+
+def chain_hash(parent: int, key: object) -> int:
+    """Hash of a block given its parent's hash and its content key."""
+    return hash((parent, key))
+
+
+def _mix64(x: int) -> int:
+    # splitmix64 finaliser: a fast, well-spread integer mix.
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def synthetic_token_id(source_id: str, position: int, vocab_size: int = VOCAB_SIZE) -> int:
+    """Contract B content function f(source, i): the token id at ``position`` of ``source_id``."""
+    return _synthetic_id(stable_key(source_id), position, vocab_size)
+
+
+def _synthetic_id(source_key: int, position: int, vocab_size: int) -> int:
+    return _mix64(source_key ^ (position * 0x2545F4914F6CDD1D & _MASK64)) % vocab_size
+
+
+def synthetic_source(
+    session_id: str, shared_prefix_id: str | None, system_prompt_tokens: int, position: int
+) -> str:
+    """Which source id contract B assigns to ``position``."""
+    if shared_prefix_id and position < system_prompt_tokens:
+        return shared_prefix_id
+    return session_id
+
+
+class TokenContent(Protocol):
+    """The token stream of one request: its prompt followed by the outputs it will produce."""
+
+    def block_hashes(self, num_blocks: int) -> list[int]:
+        """Chained hashes of the first ``num_blocks`` full blocks (list may be longer)."""
+        ...
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Token ids at positions ``start..end-1``."""
+        ...
+
+
+class TokenListContent:
+    """Content given as explicit token ids (prompt plus the planned output ids).
+
+    Only blocks that lie entirely inside ``tokens`` can be hashed; the engine never asks for
+    more, because it hashes only blocks that are full of computed tokens.
+    """
+
+    __slots__ = ("_hashes", "tokens")
+
+    def __init__(self, tokens: Sequence[int]) -> None:
+        self.tokens: tuple[int, ...] = tuple(tokens)
+        self._hashes: list[int] = []
+
+    def block_hashes(self, num_blocks: int) -> list[int]:
+        hashes = self._hashes
+        have = len(hashes)
+        if have < num_blocks:
+            limit = min(num_blocks, len(self.tokens) // BLOCK_SIZE)
+            toks = self.tokens
+            parent = hashes[-1] if hashes else ROOT_HASH
+            for k in range(have, limit):
+                parent = hash((parent, toks[k * BLOCK_SIZE : (k + 1) * BLOCK_SIZE]))
+                hashes.append(parent)
+        return hashes
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        return list(self.tokens[start:end])
+
+
+class SyntheticContent:
+    """Contract-B content of one session (optionally behind a shared system prefix).
+
+    The stream is unbounded: prompt token ``i`` and output token ``j`` (at position
+    ``prompt_tokens + j``) both come from ``synthetic_token_id``, so the next turn of the same
+    session, whose prompt is the previous prompt + output + a new append, hits every full block
+    the previous turn computed.
+    """
+
+    __slots__ = ("_hashes", "_sess_key", "_shared_key", "session_id", "shared_prefix_id",
+                 "system_prompt_tokens")
+
+    def __init__(
+        self,
+        session_id: str,
+        shared_prefix_id: str | None = None,
+        system_prompt_tokens: int = 0,
+        *,
+        _hashes: list[int] | None = None,
+    ) -> None:
+        if system_prompt_tokens < 0:
+            raise ValueError(f"system_prompt_tokens must be >= 0, got {system_prompt_tokens}")
+        self.session_id = session_id
+        self.shared_prefix_id = shared_prefix_id or None
+        self.system_prompt_tokens = system_prompt_tokens if self.shared_prefix_id else 0
+        self._sess_key = stable_key(session_id)
+        self._shared_key = stable_key(self.shared_prefix_id) if self.shared_prefix_id else 0
+        self._hashes: list[int] = [] if _hashes is None else _hashes
+
+    def block_hashes(self, num_blocks: int) -> list[int]:
+        hashes = self._hashes
+        have = len(hashes)
+        if have < num_blocks:
+            shared_key = self._shared_key
+            sess_key = self._sess_key
+            sys_tokens = self.system_prompt_tokens
+            full_shared = sys_tokens // BLOCK_SIZE  # blocks entirely inside the shared prefix
+            mixed_key = (shared_key, sess_key, sys_tokens)
+            parent = hashes[-1] if hashes else ROOT_HASH
+            for k in range(have, num_blocks):
+                if k < full_shared:
+                    parent = hash((parent, (shared_key, k)))
+                elif k * BLOCK_SIZE < sys_tokens:
+                    parent = hash((parent, (mixed_key, k)))
+                else:
+                    parent = hash((parent, (sess_key, k)))
+                hashes.append(parent)
+        return hashes
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        out: list[int] = []
+        for i in range(start, end):
+            key = self._shared_key if i < self.system_prompt_tokens else self._sess_key
+            out.append(_synthetic_id(key, i, VOCAB_SIZE))
+        return out
+
+
+class ChainCache:
+    """Shares one growing hash chain per (session, shared prefix, system length) across turns.
+
+    A session's turn n+1 then only hashes the blocks its turn n did not reach. Bounded LRU over
+    chains so a long-running replica does not grow without limit (a dropped chain is simply
+    recomputed, with identical values).
+    """
+
+    def __init__(self, max_chains: int = 16384) -> None:
+        if max_chains < 1:
+            raise ValueError("max_chains must be >= 1")
+        self._max = max_chains
+        self._chains: OrderedDict[tuple[str, str | None, int], list[int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._chains)
+
+    def synthetic(
+        self, session_id: str, shared_prefix_id: str | None = None, system_prompt_tokens: int = 0
+    ) -> SyntheticContent:
+        shared = shared_prefix_id or None
+        key = (session_id, shared, system_prompt_tokens if shared else 0)
+        chains = self._chains
+        hashes = chains.get(key)
+        if hashes is None:
+            hashes = []
+            chains[key] = hashes
+            if len(chains) > self._max:
+                chains.popitem(last=False)
+        else:
+            chains.move_to_end(key)
+        return SyntheticContent(session_id, shared, system_prompt_tokens, _hashes=hashes)
+
+    def forget(self, session_id: str) -> None:
+        """Drop every chain of a finished session."""
+        for key in [k for k in self._chains if k[0] == session_id]:
+            del self._chains[key]
+
+
+DEFAULT_CHAINS = ChainCache()
+
+
+def synthetic_content(
+    session_id: str, shared_prefix_id: str | None = None, system_prompt_tokens: int = 0
+) -> SyntheticContent:
+    """Contract-B content backed by the process-wide chain cache."""
+    return DEFAULT_CHAINS.synthetic(session_id, shared_prefix_id, system_prompt_tokens)

@@ -1,0 +1,17 @@
+"""Agent workloads: the trace format, its validator and the generator (DESIGN §5)."""
+
+from sim.workload.generate import GenerateOptions, UnknownKindError, generate
+from sim.workload.trace import Session, Tool, TraceError, Turn, load_trace, parse_lines, write_trace
+
+__all__ = [
+    "GenerateOptions",
+    "Session",
+    "Tool",
+    "TraceError",
+    "Turn",
+    "UnknownKindError",
+    "generate",
+    "load_trace",
+    "parse_lines",
+    "write_trace",
+]

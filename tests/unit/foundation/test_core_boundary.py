@@ -1,0 +1,57 @@
+"""Pure cores import no I/O and read no wall clock (STYLE: pure cores, thin adapters)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+PURE_DIRS = sorted(p for p in (ROOT / "services").glob("*/core") if p.is_dir()) + [ROOT / "sim" / "engine"]
+FORBIDDEN_MODULES = {
+    "grpc", "grpc_health", "grpc_reflection", "redis", "aiohttp", "httpx", "requests", "urllib3",
+    "asyncio", "prometheus_client", "socket", "time", "datetime", "threading", "subprocess", "structlog",
+}
+FORBIDDEN_CALLS = {("time", "time"), ("time", "monotonic"), ("time", "perf_counter"), ("datetime", "now"),
+                   ("datetime", "utcnow"), ("os", "environ"), ("os", "getenv")}
+
+
+def _pure_files() -> list[Path]:
+    return sorted(f for d in PURE_DIRS if d.exists() for f in d.rglob("*.py"))
+
+
+def _violations(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in FORBIDDEN_MODULES:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {alias.name}")
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] in FORBIDDEN_MODULES:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports from {node.module}")
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if (node.value.id, node.attr) in FORBIDDEN_CALLS:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} uses {node.value.id}.{node.attr}")
+    return found
+
+
+def test_there_are_pure_cores_to_check() -> None:
+    assert len(_pure_files()) >= 4
+
+
+@pytest.mark.parametrize("path", _pure_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_pure_core_has_no_io_or_wall_clock(path: Path) -> None:
+    assert _violations(path) == []
+
+
+def test_checker_catches_a_violation(tmp_path: Path) -> None:
+    bad = ROOT / "services" / "_probe_core_violation.py"
+    bad.write_text("import asyncio\nimport time\nx = time.monotonic()\n")
+    try:
+        found = _violations(bad)
+    finally:
+        bad.unlink()
+    assert len(found) == 3
