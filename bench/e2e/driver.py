@@ -1,0 +1,260 @@
+"""An agent driver that plays a trace (DESIGN §5) against a live OpenAI-compatible endpoint.
+
+Each trace session becomes one agent: its turns are real streaming chat requests (the
+session named both ways: ``x-session-id`` and ThunderAgent's ``program_id``), carrying the
+synthetic-token extension so the replica's prefix cache sees exactly the trace's token
+content; between turns the tool "runs" for ``duration_s`` scaled by ``time_scale`` while its
+events stream to the predictor through ``ToolReporter`` when one is given.
+
+All reported times are *model* seconds (wall seconds x time_scale) so figures compare
+directly with `tao sim run` on the same trace and with replicas running at that time scale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+
+from sim.workload.trace import Session
+
+
+class ToolEvents(Protocol):
+    """Where the driver reports tool calls (the predictor's ToolReporter, or nothing)."""
+
+    async def started(self, session_id: str, call_id: str, tool: str, command: str,
+                      deadline_s: float | None) -> None: ...
+
+    async def progress(self, session_id: str, call_id: str, fraction: float | None, eta_s: float | None) -> None: ...
+
+    async def finished(self, session_id: str, call_id: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class NoToolEvents:
+    async def started(self, session_id: str, call_id: str, tool: str, command: str,
+                      deadline_s: float | None) -> None:
+        return None
+
+    async def progress(self, session_id: str, call_id: str, fraction: float | None, eta_s: float | None) -> None:
+        return None
+
+    async def finished(self, session_id: str, call_id: str) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+@dataclass
+class DriverConfig:
+    base_url: str
+    time_scale: float = 1.0
+    concurrency: int = 64
+    api_key: str = "EMPTY"
+    model: str | None = None
+    request_timeout_s: float = 600.0
+    tenant_header: str | None = None
+
+
+@dataclass
+class RequestResult:
+    session_id: str
+    turn: int
+    after_tool: bool
+    sent_at_s: float
+    ttft_s: float | None
+    latency_s: float
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    hold_s: float | None
+    error: str | None = None
+
+
+@dataclass
+class SessionResult:
+    session_id: str
+    tenant: str
+    started_at_s: float
+    ended_at_s: float
+    completed: bool
+    requests: list[RequestResult] = field(default_factory=list)
+
+
+@dataclass
+class DriverResult:
+    sessions: list[SessionResult]
+    wall_s: float
+    time_scale: float
+    errors: int
+
+
+def _prompt_tokens(session: Session, turn_index: int) -> int:
+    total = session.system_prompt_tokens
+    for i, turn in enumerate(session.turns[: turn_index + 1]):
+        total += turn.append_tokens
+        if i < turn_index:
+            total += turn.output_tokens
+    return total
+
+
+class TraceDriver:
+    def __init__(self, config: DriverConfig, tools: ToolEvents | None = None,
+                 on_request: Callable[[RequestResult], None] | None = None) -> None:
+        self.config = config
+        self.tools = tools or NoToolEvents()
+        self.on_request = on_request
+        self._t0 = 0.0
+        self.active = 0
+        self.acting = 0
+        self.done = 0
+
+    def _now_model_s(self) -> float:
+        return (time.monotonic() - self._t0) * self.config.time_scale
+
+    async def _discover_model(self, http: aiohttp.ClientSession) -> str:
+        async with http.get(f"{self.config.base_url}/v1/models") as resp:
+            body = await resp.json()
+            if resp.status != 200 or not body.get("data"):
+                raise RuntimeError(f"{self.config.base_url}/v1/models answered {resp.status}: {body}")
+            return str(body["data"][0]["id"])
+
+    async def _request(self, http: aiohttp.ClientSession, model: str, session: Session, turn_index: int) -> RequestResult:
+        turn = session.turns[turn_index]
+        prompt_tokens = _prompt_tokens(session, turn_index)
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": [{"role": "user", "content": f"{session.session_id} turn {turn_index}"}],
+            "max_tokens": turn.output_tokens,
+            "min_tokens": turn.output_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "program_id": session.session_id,
+            "tao_synthetic": {
+                "session_id": session.session_id,
+                "prompt_tokens": prompt_tokens,
+                "shared_prefix_id": session.shared_prefix_id,
+                "system_prompt_tokens": session.system_prompt_tokens,
+            },
+        }
+        headers = {"x-session-id": session.session_id, "authorization": f"Bearer {self.config.api_key}"}
+        if self.config.tenant_header:
+            headers["x-tao-tenant"] = session.tenant
+        sent = time.monotonic()
+        ttft: float | None = None
+        usage: dict[str, Any] = {}
+        hold_s: float | None = None
+        error: str | None = None
+        try:
+            async with http.post(f"{self.config.base_url}/v1/chat/completions", json=body, headers=headers) as resp:
+                hold_header = resp.headers.get("x-tao-hold-ms")
+                if hold_header is not None:
+                    hold_s = float(hold_header) / 1000.0 * self.config.time_scale
+                if resp.status != 200:
+                    error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                else:
+                    async for raw in resp.content:
+                        line = raw.strip()
+                        if not line.startswith(b"data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == b"[DONE]":
+                            break
+                        chunk = json.loads(data)
+                        if "error" in chunk:
+                            error = str(chunk["error"].get("message", chunk["error"]))
+                            break
+                        if ttft is None and chunk.get("choices"):
+                            delta = chunk["choices"][0].get("delta", {})
+                            if delta.get("content"):
+                                ttft = time.monotonic() - sent
+                        if chunk.get("usage"):
+                            usage = chunk["usage"]
+        except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        latency = time.monotonic() - sent
+        scale = self.config.time_scale
+        details = usage.get("prompt_tokens_details") or {}
+        result = RequestResult(
+            session_id=session.session_id, turn=turn_index, after_tool=turn_index > 0,
+            sent_at_s=(sent - self._t0) * scale, ttft_s=None if ttft is None else ttft * scale,
+            latency_s=latency * scale, prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            completion_tokens=int(usage.get("completion_tokens", 0)),
+            cached_tokens=int(details.get("cached_tokens", 0) or 0), hold_s=hold_s, error=error,
+        )
+        if self.on_request is not None:
+            self.on_request(result)
+        return result
+
+    async def _run_tool(self, session: Session, turn_index: int) -> None:
+        tool = session.turns[turn_index].tool
+        assert tool is not None
+        call_id = f"{session.session_id}:{turn_index}"
+        scale = self.config.time_scale
+        await self.tools.started(session.session_id, call_id, tool.name, tool.command, tool.deadline_s)
+        elapsed = 0.0
+        for event in tool.progress or ():
+            wait = (event.after_s - elapsed) / scale
+            if wait > 0:
+                await asyncio.sleep(wait)
+            elapsed = event.after_s
+            await self.tools.progress(session.session_id, call_id, event.fraction, event.eta_s)
+        remaining = (tool.duration_s - elapsed) / scale
+        if remaining > 0:
+            await asyncio.sleep(remaining)
+        await self.tools.finished(session.session_id, call_id)
+
+    async def _run_session(self, http: aiohttp.ClientSession, model: str, session: Session) -> SessionResult:
+        result = SessionResult(session.session_id, session.tenant, self._now_model_s(), 0.0, False)
+        self.active += 1
+        try:
+            for i, turn in enumerate(session.turns):
+                req = await self._request(http, model, session, i)
+                result.requests.append(req)
+                if req.error is not None:
+                    break
+                if turn.tool is not None:
+                    self.acting += 1
+                    try:
+                        await self._run_tool(session, i)
+                    finally:
+                        self.acting -= 1
+            else:
+                result.completed = True
+        finally:
+            result.ended_at_s = self._now_model_s()
+            self.active -= 1
+            self.done += 1
+        return result
+
+    async def run(self, sessions: list[Session]) -> DriverResult:
+        """Play every session: each starts at its arrival time (scaled) once fewer than
+        ``concurrency`` sessions are active (closed loop)."""
+        self._t0 = time.monotonic()
+        gate = asyncio.Semaphore(self.config.concurrency)
+        timeout = aiohttp.ClientTimeout(total=self.config.request_timeout_s)
+        connector = aiohttp.TCPConnector(limit=0, force_close=False)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
+            model = self.config.model or await self._discover_model(http)
+
+            async def one(session: Session) -> SessionResult:
+                delay = session.arrival_s / self.config.time_scale - (time.monotonic() - self._t0)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                async with gate:
+                    return await self._run_session(http, model, session)
+
+            try:
+                results = await asyncio.gather(*(one(s) for s in sorted(sessions, key=lambda s: s.arrival_s)))
+            finally:
+                await self.tools.close()
+        errors = sum(1 for s in results for r in s.requests if r.error is not None)
+        return DriverResult(list(results), time.monotonic() - self._t0, self.config.time_scale, errors)

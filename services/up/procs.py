@@ -1,0 +1,123 @@
+"""Child-process supervision for `tao up`: start, wait healthy, stop cleanly, leave no orphans.
+
+Children are started in their own process group with PR_SET_PDEATHSIG (Linux) so they die
+with `tao up` even if it is killed; `stop_all` sends SIGTERM, waits, then SIGKILLs stragglers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    os.setpgrp()
+
+
+class PortInUse(RuntimeError):
+    pass
+
+
+def check_port_free(port: int, what: str, host: str = "127.0.0.1") -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise PortInUse(f"port {port} ({what}) is already in use") from exc
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def tail(self, lines: int = 5) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class Supervisor:
+    log_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    children: list[Child] = field(default_factory=list)
+
+    def spawn(self, name: str, argv: Sequence[str], extra_env: dict[str, str] | None = None) -> Child:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        child = Child(name, list(argv), self.log_dir / f"{name}.log")
+        env = {**os.environ, **self.env, **(extra_env or {})}
+        log = open(child.log_path, "ab")
+        try:
+            child.proc = subprocess.Popen(child.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          env=env, preexec_fn=_die_with_parent)
+        finally:
+            log.close()
+        self.children.append(child)
+        return child
+
+    def wait_until(self, child: Child, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not child.alive():
+                raise RuntimeError(f"{child.name} exited during start-up: {child.tail(3)}")
+            if ready():
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{child.name} not {what} after {timeout_s:.0f} s: {child.tail(3)}")
+
+    def dead_children(self) -> list[Child]:
+        return [c for c in self.children if not c.alive()]
+
+    def stop_all(self, grace_s: float = 8.0) -> None:
+        """SIGTERM every child (newest first), wait up to ``grace_s``, SIGKILL the rest."""
+        for child in reversed(self.children):
+            if child.alive() and child.proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for child in self.children:
+            if child.proc is None:
+                continue
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                child.proc.wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.proc.pid, signal.SIGKILL)
+                child.proc.wait(timeout=5)
+            # anything the child itself spawned in its group
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.proc.pid, signal.SIGKILL)
+        self.children.clear()
+
+
+def tao_argv(*args: str) -> list[str]:
+    """Run a `tao` subcommand with this interpreter (works without the console script on PATH)."""
+    return [sys.executable, "-m", "services.cli", *args]

@@ -1,0 +1,73 @@
+"""The `tao up` report folder: summary JSON, PNG plots and one self-contained HTML page."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from bench.e2e.driver import DriverResult
+from bench.e2e.results import to_records
+from sim.cluster.metrics import BETTER, time_series
+from sim.cluster.plots import write_plots
+from sim.cluster.report import improvement_pct
+
+
+def comparison(policies: Mapping[str, Mapping[str, Any]], main: str, baseline: str) -> dict[str, float | None]:
+    """Improvement of ``main`` over ``baseline`` per metric, in percent (positive = better)."""
+    out: dict[str, float | None] = {}
+    for key in BETTER:
+        a, b = policies[main].get(key), policies[baseline].get(key)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            out[key] = improvement_pct(key, float(a), float(b))
+    return out
+
+
+def write_report(out_dir: Path, config: dict[str, Any], policies: dict[str, dict[str, Any]],
+                 runs: Mapping[str, DriverResult], comparisons: dict[str, dict[str, float | None]]) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = {"config": config, "policies": policies, "comparison": comparisons}
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    latencies, series = {}, {}
+    for name, result in runs.items():
+        requests, sessions = to_records(result)
+        latencies[name] = sessions
+        series[name] = time_series(requests, bin_s=max(5.0, (result.wall_s * result.time_scale) / 40))
+    plots = write_plots(out_dir, latencies, series, title=f"tao up: {config.get('workload')}")
+    rows = []
+    keys = [k for k in next(iter(policies.values()))]
+    for name, metrics in policies.items():
+        cells = "".join(f"<td>{_fmt(metrics.get(k))}</td>" for k in keys)
+        rows.append(f"<tr><th>{html.escape(name)}</th>{cells}</tr>")
+    comp_rows = []
+    for label, deltas in comparisons.items():
+        cells = "".join(f"<td>{'' if v is None else f'{v:+.1f} %'}</td>" for v in deltas.values())
+        comp_rows.append(f"<tr><th>{html.escape(label)}</th>{cells}</tr>")
+    comp_head = "".join(f"<th>{html.escape(k)}</th>" for k in next(iter(comparisons.values()), {}))
+    images = "".join(
+        f'<figure><img alt="{p.stem}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">'
+        f"<figcaption>{p.stem}</figcaption></figure>" for p in plots
+    )
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>TAO report</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}figure{{display:inline-block;margin:1em}}
+img{{max-width:640px}}</style></head><body>
+<h1>TAO — tao up report</h1>
+<pre>{html.escape(json.dumps(config, indent=2))}</pre>
+<h2>Metrics (model seconds)</h2>
+<table><tr><th>policy</th>{''.join(f'<th>{html.escape(k)}</th>' for k in keys)}</tr>{''.join(rows)}</table>
+<h2>Improvement (positive = better)</h2>
+<table><tr><th>comparison</th>{comp_head}</tr>{''.join(comp_rows)}</table>
+<h2>Plots</h2>{images}
+</body></html>"""
+    (out_dir / "index.html").write_text(page)
+    return out_dir / "index.html"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return html.escape(str(value))

