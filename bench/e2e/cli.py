@@ -35,7 +35,7 @@ async def play(args: argparse.Namespace) -> dict[str, Any]:
     if args.predictor:
         from bench.e2e.reporter_adapter import ReporterToolEvents
 
-        tools = ReporterToolEvents(args.predictor)
+        tools = ReporterToolEvents(args.predictor, time_scale=args.time_scale)
     config = DriverConfig(base_url=args.router.rstrip("/"), time_scale=args.time_scale,
                           concurrency=args.concurrency, api_key=args.api_key,
                           tenant_header="x-tao-tenant" if args.tenant_header else None)

@@ -8,10 +8,14 @@ from typing import Any
 class ReporterToolEvents:
     """Streams the driver's tool calls to a predictor at ``address`` (host:port)."""
 
-    def __init__(self, address: str, token: str | None = None) -> None:
+    def __init__(self, address: str, token: str | None = None, time_scale: float = 1.0) -> None:
+        import time
+
         from services.predictor.reporter import AsyncToolReporter
 
-        self._reporter: Any = AsyncToolReporter(address, token=token)
+        # events are stamped in model time, as the services' ScaledClock reads it
+        self._reporter: Any = AsyncToolReporter(address, token=token, clock=lambda: time.time() * time_scale,
+                                                runner_id="tao-bench-e2e")
         self._calls: dict[str, Any] = {}
 
     async def started(self, session_id: str, call_id: str, tool: str, command: str,

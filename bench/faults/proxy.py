@@ -39,6 +39,7 @@ class FaultProxy:
     _server: asyncio.AbstractServer | None = None
     _pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = field(default_factory=set)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _unblocked: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def port(self) -> int:
@@ -47,12 +48,17 @@ class FaultProxy:
 
     async def start(self) -> FaultProxy:
         self._server = await asyncio.start_server(self._accept, self.listen_host, self.listen_port)
+        self.set_mode(self.mode)
         return self
 
     def set_mode(self, mode: str, latency_s: float | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown fault mode {mode!r}; known: {', '.join(MODES)}")
         self.mode = mode
+        if mode == "blackhole":
+            self._unblocked.clear()
+        else:
+            self._unblocked.set()
         if latency_s is not None:
             self.latency_s = latency_s
         if mode == "reset":
@@ -93,8 +99,8 @@ class FaultProxy:
                 data = await reader.read(65536)
                 if not data:
                     break
-                while self.mode == "blackhole":
-                    await asyncio.sleep(0.05)
+                if self.mode == "blackhole":
+                    await self._unblocked.wait()
                 if self.mode == "latency" and self.latency_s > 0:
                     await asyncio.sleep(self.latency_s)
                 if self.mode == "reset":

@@ -31,7 +31,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from redis.exceptions import RedisError
 
-from services.common.clock import WallClock
+from services.common.clock import ScaledClock
 from services.common.epoch import new_epoch
 from services.common.errors import StartupError
 from services.common.interceptors import ServerMetrics, ServiceInterceptor
@@ -49,7 +49,8 @@ class ServiceContext:
     name: str
     settings: ServiceSettings
     redis: aioredis.Redis
-    clock: WallClock
+    #: model time (ScaledClock(settings.time_scale)): use clock.unix() for shared timestamps
+    clock: ScaledClock
     epoch: str
     log: structlog.stdlib.BoundLogger
     metrics: CollectorRegistry
@@ -216,7 +217,7 @@ async def start_service(
         raise
     registry = CollectorRegistry()
     ctx = ServiceContext(
-        name=name, settings=settings, redis=client, clock=WallClock(), epoch=new_epoch(), log=log, metrics=registry
+        name=name, settings=settings, redis=client, clock=ScaledClock(settings.time_scale), epoch=new_epoch(), log=log, metrics=registry
     )
     token = settings.auth_token.get_secret_value() if settings.auth_token else None
     server = grpc.aio.server(

@@ -46,3 +46,28 @@ class VirtualClock:
         if t_s < self._now:
             raise ValueError(f"cannot move a clock backwards from {self._now} to {t_s}")
         self._now = t_s
+
+
+class ScaledClock:
+    """Model time for emulation runs where replicas run ``scale`` times faster than wall time.
+
+    ``now()`` is monotonic seconds x scale and ``unix()`` Unix seconds x scale, so every
+    process on the machine agrees on model time without coordination (no shared anchor).
+    With ``scale == 1`` it is the wall clock. Services put ``unix()`` into records they share
+    and compare them with their own ``unix()``; tool runners stamp events the same way.
+    """
+
+    def __init__(self, scale: float = 1.0) -> None:
+        if not scale > 0:
+            raise ValueError(f"time scale must be > 0, got {scale}")
+        self.scale = float(scale)
+
+    def now(self) -> float:
+        return time.monotonic() * self.scale
+
+    def unix(self) -> float:
+        return time.time() * self.scale
+
+    def wall_seconds(self, model_s: float) -> float:
+        """How long ``model_s`` model seconds take on the wall clock (for sleeps)."""
+        return model_s / self.scale

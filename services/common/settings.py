@@ -61,6 +61,11 @@ class ServiceSettings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
     config_file: Path | None = None
+    time_scale: float = Field(
+        default=1.0, gt=0, le=1000,
+        description="emulation only: model seconds per wall second (replicas run this much faster); "
+        "all shared timestamps and time constants are in model time (ScaledClock)",
+    )
 
     @field_validator("redis_url")
     @classmethod

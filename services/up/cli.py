@@ -123,7 +123,7 @@ async def _drive(addrs: StackAddresses, sessions: list[Any], args: argparse.Name
     with contextlib.suppress(ImportError):
         from bench.e2e.reporter_adapter import ReporterToolEvents
 
-        tools = ReporterToolEvents(addrs.predictor)
+        tools = ReporterToolEvents(addrs.predictor, time_scale=args.time_scale)
     stats = LiveStats(policy, len(sessions))
     config = DriverConfig(base_url=addrs.router_url, time_scale=args.time_scale,
                           concurrency=args.concurrency or len(sessions), tenant_header="x-tao-tenant")

@@ -1,0 +1,129 @@
+"""`tao bench budget [--json OUT] [--quick]`: static vs dynamic tenant budget on the engine model.
+
+Runs seed 002's scenario (B = 96, bursty chat A vs saturating batch B on qwen2.5-3b-h200,
+90 s of steady state, static {A:48, B:48} vs dynamic) in virtual time with the budget core
+the service runs, then a third-tenant case and an SLO-violating case. Prints ratios against
+the static baseline measured in the same run and the seed's real-H200 figures for reference.
+``--sweep`` adds the controller-parameter sensitivity on the seed scenario.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from bench.budget.report import SEED_REFERENCE, TARGET_GAIN, machine, render, run_scenario
+from bench.budget.workload import SCENARIOS, Scenario
+from services.budget.core import DynamicParams
+
+SWEEP = ((0.5, 0.25), (0.5, 0.5), (0.25, 0.25), (0.25, 0.5), (0.0, 0.25))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write all results as JSON")
+    parser.add_argument("--quick", action="store_true", help="30 s windows, one seed, no extra cases (smoke)")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per policy (default 3; --quick: 1)")
+    parser.add_argument("--first-seed", type=int, default=101, help="first workload seed")
+    parser.add_argument("--cases", default=None,
+                        help=f"comma-separated scenarios (default: all; --quick: seed); from {', '.join(SCENARIOS)}")
+    parser.add_argument("--sweep", action="store_true", help="also sweep release_per_tick x step_frac (seed)")
+
+
+def _verdict(result: dict[str, Any]) -> list[str]:
+    r = result["ratios_vs_static"]["dynamic"]
+    gain = r["total_tokens_per_s"] - 1
+    p99 = r["p99_latency_s"]
+    ref_gain = SEED_REFERENCE["dynamic"]["total_tokens_per_s"] / SEED_REFERENCE["static"]["total_tokens_per_s"] - 1
+    ref_p99 = SEED_REFERENCE["dynamic"]["p99_latency_s"] / SEED_REFERENCE["static"]["p99_latency_s"]
+    lines = [f"   seed 002 (real H200): {SEED_REFERENCE['static']['total_tokens_per_s']:,.0f} -> "
+             f"{SEED_REFERENCE['dynamic']['total_tokens_per_s']:,.0f} tok/s ({100 * ref_gain:+.1f} %), "
+             f"p99 x{ref_p99:.3f}, final caps {SEED_REFERENCE['dynamic']['final_caps']}, "
+             f"moves to A/B 15/19, holds 11"]
+    ok_gain, ok_p99 = gain >= TARGET_GAIN, p99 <= 1.0
+    if ok_gain and ok_p99:
+        lines.append(f"   target (>= +{100 * TARGET_GAIN:.0f} % throughput, p99 no worse): MET")
+    else:
+        parts = []
+        if not ok_gain:
+            parts.append(f"throughput {100 * gain:+.1f} % is {100 * (TARGET_GAIN - gain):.1f} points short")
+        if not ok_p99:
+            parts.append(f"p99 is {100 * (p99 - 1):.1f} % worse")
+        lines.append(f"   target (>= +{100 * TARGET_GAIN:.0f} % throughput, p99 no worse): MISSED — " + "; ".join(parts))
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    seeds_n = args.seeds if args.seeds is not None else (1 if args.quick else 3)
+    if seeds_n < 1:
+        print("tao bench budget: --seeds must be >= 1", file=sys.stderr)
+        return 2
+    names = args.cases.split(",") if args.cases else (["seed"] if args.quick else list(SCENARIOS))
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown or "seed" not in names:
+        print(f"tao bench budget: cases must include 'seed' and come from {', '.join(SCENARIOS)}", file=sys.stderr)
+        return 2
+    seeds = list(range(args.first_seed, args.first_seed + seeds_n))
+    params = DynamicParams()
+    info = machine()
+    print(f"machine: cpus={info['cpu_count']} python={info['python']} platform={info['platform']}")
+    print(f"dynamic controller: {asdict(params)}")
+    started = time.perf_counter()
+
+    def scenario(name: str) -> Scenario:
+        sc = SCENARIOS[name]
+        return sc.quick() if args.quick else sc
+
+    results: dict[str, Any] = {}
+    for name in names:
+        res = run_scenario(scenario(name), seeds, params)
+        results[name] = res
+        for line in render(res) + (_verdict(res) if name == "seed" else []):
+            print(line)
+        print()
+    sweep: list[dict[str, Any]] = []
+    if args.sweep:
+        print("== sensitivity (seed scenario): release_per_tick x step_frac")
+        for release, step in SWEEP:
+            p = replace(params, release_per_tick=release, step_frac=step)
+            res = run_scenario(replace(scenario("seed"), policies=(("static", "static", None),
+                                                                  ("dynamic", "dynamic", None))), seeds, p)
+            r = res["ratios_vs_static"]["dynamic"]
+            dyn = res["policies"]["dynamic"]
+            sweep.append({"release_per_tick": release, "step_frac": step, "ratios_vs_static": r,
+                          "p99_A_s": dyn["per_tenant_p99_latency_s"]["A"], "p99_B_s": dyn["per_tenant_p99_latency_s"]["B"]})
+            print(f"   release {release:4.2f} step {step:4.2f}: throughput {100 * (r['total_tokens_per_s'] - 1):+5.1f} %, "
+                  f"p99 {100 * (r['p99_latency_s'] - 1):+5.1f} %, p99 A {dyn['per_tenant_p99_latency_s']['A']:.2f} s, "
+                  f"p99 B {dyn['per_tenant_p99_latency_s']['B']:.2f} s")
+    elapsed = time.perf_counter() - started
+    print(f"wall time {elapsed:.1f} s")
+    seed_res = results["seed"]
+    doc = {
+        "benchmark": "budget", "machine": info, "quick": bool(args.quick), "seeds": seeds,
+        "dynamic_params": asdict(params), "wall_s": elapsed,
+        "scenario": seed_res["scenario"], "description": seed_res["description"], "workload": seed_res["workload"],
+        "policies": seed_res["policies"], "ratios_vs_static": seed_res["ratios_vs_static"],
+        "seed_reference": SEED_REFERENCE, "target": {"throughput_gain_min": TARGET_GAIN, "p99_no_worse": True},
+        "cases": {k: v for k, v in results.items() if k != "seed"}, "sweep": sweep,
+    }
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(_clean(doc), indent=2, allow_nan=False))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _clean(value: Any) -> Any:
+    """NaN (no sample) becomes null; tuples become lists."""
+    if isinstance(value, float):
+        return None if math.isnan(value) else value
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value

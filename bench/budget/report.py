@@ -1,0 +1,105 @@
+"""Run scenarios over several seeds, aggregate, and render the comparison (text and JSON)."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from bench.budget.sim import PolicyRun, run_policy
+from bench.budget.workload import Scenario
+from services.budget.core import DynamicParams, make_policy
+
+#: seed 002, real H200: static vs dynamic (tokens/s, completed requests over 90 s, p99 s)
+SEED_REFERENCE: dict[str, dict[str, Any]] = {
+    "static": {"total_tokens_per_s": 9894.0, "per_tenant_tokens_per_s": {"B": 6557.0},
+               "completed_requests": 9063, "requests_per_s": 96.7, "p99_latency_s": 4.15,
+               "final_caps": {"A": 48, "B": 48}},
+    "dynamic": {"total_tokens_per_s": 11274.0, "per_tenant_tokens_per_s": {"B": 7736.0},
+                "completed_requests": 9811, "requests_per_s": 104.0, "p99_latency_s": 4.08,
+                "final_caps": {"A": 4, "B": 92}, "moves_to": {"A": 15, "B": 19}, "holds": 11},
+}
+TARGET_GAIN = 0.14
+
+_SCALARS = ("total_tokens_per_s", "completed_requests", "requests_per_s", "p99_latency_s", "mean_kv_usage",
+            "engine_busy_frac", "holds", "ticks", "preemptions")
+_MAPS = ("per_tenant_tokens_per_s", "per_tenant_completed", "per_tenant_p99_latency_s", "per_tenant_mean_latency_s",
+         "per_tenant_mean_wait_s", "moves_to")
+
+
+def _mean(values: Sequence[float]) -> float:
+    vals = [v for v in values if not math.isnan(v)]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def aggregate(runs: Sequence[PolicyRun]) -> dict[str, Any]:
+    """Means over seeds; final caps and the caps timeline of the first seed, all seeds' raw runs."""
+    out: dict[str, Any] = {k: _mean([float(getattr(r, k)) for r in runs]) for k in _SCALARS}
+    for k in _MAPS:
+        keys = sorted({n for r in runs for n in getattr(r, k)})
+        out[k] = {n: _mean([float(getattr(r, k).get(n, math.nan)) for r in runs]) for n in keys}
+    out["final_caps"] = runs[0].final_caps
+    out["final_caps_by_seed"] = [r.final_caps for r in runs]
+    out["caps_timeline"] = runs[0].caps_timeline
+    out["sim_wall_s"] = sum(r.wall_s for r in runs)
+    out["runs"] = [{k: v for k, v in asdict(r).items() if k != "caps_timeline"} for r in runs]
+    return out
+
+
+def run_scenario(scenario: Scenario, seeds: Sequence[int], params: DynamicParams,
+                 progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    policies: dict[str, Any] = {}
+    for label, registry_name, boost in scenario.policies:
+        p = params if boost is None else DynamicParams(**{**asdict(params), "slo_boost": boost})
+        runs = []
+        for seed in seeds:
+            runs.append(run_policy(scenario, label, make_policy(registry_name, p), seed))
+            progress(f"{scenario.name}/{label} seed {seed}: {runs[-1].total_tokens_per_s:,.0f} tok/s")
+        policies[label] = aggregate(runs)
+    base = policies["static"]
+    ratios = {
+        label: {"total_tokens_per_s": agg["total_tokens_per_s"] / base["total_tokens_per_s"],
+                "p99_latency_s": agg["p99_latency_s"] / base["p99_latency_s"]}
+        for label, agg in policies.items() if label != "static"
+    }
+    return {
+        "scenario": scenario.name, "description": scenario.description,
+        "workload": [t.describe() for t in scenario.tenants],
+        "total_slots": scenario.total_slots, "profile": scenario.profile, "tick_s": scenario.tick_s,
+        "warmup_s": scenario.warmup_s, "measure_s": scenario.measure_s, "seeds": list(seeds),
+        "policies": policies, "ratios_vs_static": ratios,
+    }
+
+
+def machine() -> dict[str, Any]:
+    return {"cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+
+
+def _fmt_map(values: dict[str, float], digits: int = 0) -> str:
+    return " ".join(f"{k}:{v:,.{digits}f}" for k, v in values.items())
+
+
+def render(result: dict[str, Any]) -> list[str]:
+    lines = [f"== {result['scenario']}: {result['description']}",
+             f"   B = {result['total_slots']}, profile {result['profile']}, tick {result['tick_s']:g} s, "
+             f"{result['measure_s']:g} s measured after {result['warmup_s']:g} s warm-up, seeds {result['seeds']}"]
+    lines += [f"   {w}" for w in result["workload"]]
+    head = (f"   {'policy':18} {'tok/s':>8} {'per tenant tok/s':>26} {'done':>6} {'req/s':>6} {'p99 s':>6} "
+            f"{'p99 per tenant s':>22} {'KV %':>5} {'busy':>5} {'final caps':>18} {'moves to':>12} {'holds':>5}")
+    lines.append(head)
+    for label, agg in result["policies"].items():
+        caps = ",".join(f"{k}:{v}" for k, v in agg["final_caps"].items())
+        moves = ",".join(f"{k}:{v:.0f}" for k, v in agg["moves_to"].items())
+        lines.append(
+            f"   {label:18} {agg['total_tokens_per_s']:8,.0f} {_fmt_map(agg['per_tenant_tokens_per_s']):>26} "
+            f"{agg['completed_requests']:6.0f} {agg['requests_per_s']:6.1f} {agg['p99_latency_s']:6.2f} "
+            f"{_fmt_map(agg['per_tenant_p99_latency_s'], 2):>22} {100 * agg['mean_kv_usage']:5.1f} "
+            f"{agg['engine_busy_frac']:5.2f} {caps:>18} {moves:>12} {agg['holds']:5.0f}")
+    for label, r in result["ratios_vs_static"].items():
+        lines.append(f"   {label} / static: throughput x{r['total_tokens_per_s']:.3f} "
+                     f"({100 * (r['total_tokens_per_s'] - 1):+.1f} %), p99 x{r['p99_latency_s']:.3f} "
+                     f"({100 * (r['p99_latency_s'] - 1):+.1f} %)")
+    return lines

@@ -1,0 +1,1 @@
+"""Planner benchmarks: `python -m bench.planner [--quick]`."""

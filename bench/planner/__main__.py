@@ -1,0 +1,5 @@
+import sys
+
+from bench.planner.bench import main
+
+sys.exit(main())

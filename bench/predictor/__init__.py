@@ -1,0 +1,1 @@
+"""Predictor benchmarks: accuracy on the synthetic mix and ingest throughput (``python -m bench.predictor``)."""

@@ -1,0 +1,1 @@
+"""The paper grid on the discrete-event simulator (`python -m bench.sim`)."""

@@ -1,0 +1,123 @@
+"""`python -m bench.sim [--quick] [--json OUT] [--jobs N]` — the paper's grid on the engine model.
+
+Prints, per configuration, TAO against the best system baseline on mean task latency, mean
+TTFT and decode throughput (and against every baseline), TAO's latency gap to the oracle,
+the ablation tables, the targets (seed 000) with what was measured, the runtime and the
+machine. ``--quick`` is a smoke run (three tiny points, four policies) in about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from bench.sim.grid import GRID, QUICK_ABLATIONS, QUICK_MAX_TURNS, QUICK_POLICIES, GridPoint, quick_grid
+from bench.sim.run import run_grid
+from bench.sim.summary import (
+    ablation_points,
+    ablation_table,
+    each_baseline_table,
+    grid_summary,
+    headline_table,
+)
+
+SEED_TARGETS = {
+    "wins_needed": 10,
+    "max_latency_gain_pct": 26.8,
+    "max_ttft_gain_pct": 36.3,
+    "max_decode_gain_pct": 29.5,
+    "oracle_within_5pct_on_at_least": 6,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.sim", description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="smoke run: three tiny configurations")
+    ap.add_argument("--json", dest="json_out", default=None, help="write all results here")
+    ap.add_argument("--jobs", type=int, default=1, help="simulations in parallel (processes)")
+    ap.add_argument("--seed", type=int, default=0, help="workload and predictor seed")
+    ap.add_argument("--only", default=None, help="run only configurations whose key contains this")
+    args = ap.parse_args(argv)
+    console = Console(width=max(Console().width, 150))
+
+    points: tuple[GridPoint, ...] = quick_grid() if args.quick else GRID
+    if args.only:
+        points = tuple(p for p in points if args.only in p.key)
+        if not points:
+            print(f"no configuration matches {args.only!r}", file=sys.stderr)
+            return 2
+
+    def policies_of(p: GridPoint) -> tuple[str, ...]:
+        if args.quick:
+            return QUICK_POLICIES + (QUICK_ABLATIONS if p.ablation else ())
+        return p.policies
+
+    def on_result(r: dict[str, Any]) -> None:
+        m = r["metrics"]
+        console.print(f"  {r['point']:<34} {r['policy']:<17} lat {m['mean_task_latency_s']:9.1f} s  "
+                      f"ttft {m['mean_ttft_s']:7.2f} s  decode {m['decode_tokens_per_s']:8.1f} tok/s  "
+                      f"[{r['wall_s']:.0f} s wall, {r['cpu_s']:.0f} s CPU]" + ("  INCOMPLETE" if r["incomplete"] else ""))
+
+    console.print(f"[bold]bench.sim[/bold]: {len(points)} configurations, "
+                  f"{sum(len(policies_of(p)) for p in points)} simulations, jobs={args.jobs}")
+    results, wall = run_grid(points, policies_of, args.seed, QUICK_MAX_TURNS if args.quick else None,
+                             args.jobs, on_result)
+    by_point: dict[str, dict[str, Any]] = {p.key: {} for p in points}
+    for r in results:
+        by_point[r["point"]][r["policy"]] = r["metrics"]
+    summary = grid_summary(by_point)
+
+    console.print(headline_table(by_point, summary))
+    console.print(each_baseline_table(summary))
+    for key in ablation_points(by_point):
+        t = ablation_table(key, by_point[key])
+        if t is not None:
+            console.print(t)
+    mx = summary["maxima"]
+    console.print(
+        f"TAO beats the best system baseline on all three metrics in "
+        f"{summary['tao_beats_best_baseline_on_all_three']}/{summary['configurations']} configurations "
+        f"(target >= {SEED_TARGETS['wins_needed']} of 12)."
+    )
+    for key, label, target in (("mean_task_latency_s", "latency", "max_latency_gain_pct"),
+                               ("mean_ttft_s", "TTFT", "max_ttft_gain_pct"),
+                               ("decode_tokens_per_s", "decode throughput", "max_decode_gain_pct")):
+        if key in mx:
+            console.print(f"  {label}: best gain vs best baseline {mx[key]['max_gain_vs_best_pct']:+.1f}% "
+                          f"at {mx[key]['at']} (seed max {SEED_TARGETS[target]}%); worst "
+                          f"{mx[key]['min_gain_vs_best_pct']:+.1f}% at {mx[key]['min_at']}")
+    console.print(f"TAO latency within 5% of the oracle in {summary['within_5pct_of_oracle']}/"
+                  f"{summary['configurations']} configurations (target >= half).")
+    sim_wall = sum(r["wall_s"] for r in results)
+    sim_cpu = sum(r["cpu_s"] for r in results)
+    machine = {"cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+    console.print(f"runtime: {wall:.0f} s wall for the grid ({sim_wall:.0f} s wall / {sim_cpu:.0f} s CPU of "
+                  f"simulation summed over {len(results)} runs, jobs={args.jobs}); machine: {machine}")
+    if args.json_out:
+        doc = {
+            "quick": args.quick, "seed": args.seed, "jobs": args.jobs, "runtime_s": wall,
+            "simulation_s_summed": sim_wall, "simulation_cpu_s_summed": sim_cpu, "machine": machine, "targets": SEED_TARGETS,
+            "configurations": [
+                {"key": p.key, "setup": p.setup, "profile": p.profile.name, "replicas": p.replicas,
+                 "workload": p.kind, "sessions": p.sessions, "concurrency": p.concurrency,
+                 "policies": by_point[p.key],
+                 "runs": {r["policy"]: {k: r[k] for k in ("wall_s", "cpu_s", "sim_end_s", "plans", "counters",
+                                                          "incomplete")}
+                          for r in results if r["point"] == p.key}}
+                for p in points
+            ],
+            "summary": summary,
+        }
+        Path(args.json_out).write_text(json.dumps(doc, indent=2))
+    return 0 if all(not r["incomplete"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""Grid summaries: TAO against the best baseline and every baseline, the oracle gap, ablations."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.table import Table
+
+from bench.sim.grid import ABLATIONS, OTHER_BASELINES, SYSTEM_BASELINES
+
+Metrics = Mapping[str, float]
+HEADLINE = ("mean_task_latency_s", "mean_ttft_s", "decode_tokens_per_s")
+LOWER = {"mean_task_latency_s", "mean_ttft_s", "mean_ttft_after_tool_s", "mean_pause_wait_s", "p90_task_latency_s"}
+
+
+def gain_pct(key: str, value: float, base: float) -> float:
+    """Improvement of ``value`` over ``base`` in % (positive = better), 0 when base is 0."""
+    if base == 0:
+        return 0.0
+    d = 100.0 * (value - base) / base
+    return -d if key in LOWER else d
+
+
+def best_baseline(policies: Mapping[str, Metrics], key: str) -> tuple[str, float] | None:
+    present = [(b, float(policies[b][key])) for b in SYSTEM_BASELINES if b in policies]
+    if not present:
+        return None
+    pick = min if key in LOWER else max
+    return pick(present, key=lambda kv: kv[1])
+
+
+def point_summary(policies: Mapping[str, Metrics]) -> dict[str, Any]:
+    """TAO vs the best system baseline per headline metric, vs every baseline, vs the oracle."""
+    tao = policies["tao"]
+    out: dict[str, Any] = {"vs_best": {}, "vs_each": {}}
+    wins = 0
+    for key in HEADLINE:
+        best = best_baseline(policies, key)
+        if best is None:
+            continue
+        g = gain_pct(key, float(tao[key]), best[1])
+        out["vs_best"][key] = {"baseline": best[0], "baseline_value": best[1], "tao": float(tao[key]),
+                               "gain_pct": g}
+        wins += g > 0
+    out["beats_best_on_all_three"] = wins == len(HEADLINE) and bool(out["vs_best"])
+    for b in (*SYSTEM_BASELINES, *OTHER_BASELINES):
+        if b in policies:
+            out["vs_each"][b] = {k: gain_pct(k, float(tao[k]), float(policies[b][k])) for k in HEADLINE}
+    if "oracle" in policies:
+        o = float(policies["oracle"]["mean_task_latency_s"])
+        t = float(tao["mean_task_latency_s"])
+        out["latency_vs_oracle_pct"] = 100.0 * (t - o) / o if o else 0.0
+        out["within_5pct_of_oracle"] = out["latency_vs_oracle_pct"] <= 5.0
+    return out
+
+
+def grid_summary(points: Mapping[str, Mapping[str, Metrics]]) -> dict[str, Any]:
+    per = {k: point_summary(p) for k, p in points.items() if "tao" in p}
+    wins = [k for k, s in per.items() if s["beats_best_on_all_three"]]
+    maxima: dict[str, Any] = {}
+    for key in HEADLINE:
+        gains = [(s["vs_best"][key]["gain_pct"], k) for k, s in per.items() if key in s["vs_best"]]
+        each = [(g[key], k, b) for k, s in per.items() for b, g in s["vs_each"].items() if b in SYSTEM_BASELINES]
+        if gains:
+            maxima[key] = {
+                "max_gain_vs_best_pct": max(gains)[0], "at": max(gains)[1],
+                "min_gain_vs_best_pct": min(gains)[0], "min_at": min(gains)[1],
+                "max_gain_vs_any_baseline_pct": max(each)[0] if each else None,
+            }
+    within = [k for k, s in per.items() if s.get("within_5pct_of_oracle")]
+    return {
+        "configurations": len(per),
+        "tao_beats_best_baseline_on_all_three": len(wins),
+        "configurations_won": wins,
+        "within_5pct_of_oracle": len(within),
+        "maxima": maxima,
+        "per_point": per,
+    }
+
+
+def _pct(v: float) -> str:
+    color = "green" if v > 0 else ("red" if v < 0 else "")
+    return f"[{color}]{v:+.1f}%[/{color}]" if color else f"{v:+.1f}%"
+
+
+def headline_table(points: Mapping[str, Mapping[str, Metrics]], summary: Mapping[str, Any]) -> Table:
+    t = Table(title="TAO vs the best system baseline per metric (gain: + is better), and vs the oracle")
+    for col in ("configuration", "TAO lat s", "best", "gain", "TAO TTFT s", "best", "gain",
+                "TAO dec tok/s", "best", "gain", "lat vs oracle"):
+        t.add_column(col, justify="left" if col in ("configuration", "best") else "right")
+    for key in points:
+        s = summary["per_point"].get(key)
+        if s is None:
+            continue
+        row = [key]
+        for m in HEADLINE:
+            vb = s["vs_best"][m]
+            row += [f"{vb['tao']:.2f}" if m != "decode_tokens_per_s" else f"{vb['tao']:.0f}",
+                    vb["baseline"], _pct(vb["gain_pct"])]
+        row.append(f"{s.get('latency_vs_oracle_pct', float('nan')):+.1f}%")
+        t.add_row(*row)
+    return t
+
+
+def each_baseline_table(summary: Mapping[str, Any]) -> Table:
+    t = Table(title="TAO vs each baseline (gain %, + is better): latency / TTFT / decode throughput")
+    t.add_column("configuration")
+    names = (*SYSTEM_BASELINES, *OTHER_BASELINES)
+    for b in names:
+        t.add_column(b, justify="right")
+    for key, s in summary["per_point"].items():
+        cells = []
+        for b in names:
+            g = s["vs_each"].get(b)
+            cells.append("—" if g is None else " / ".join(f"{g[m]:+.1f}" for m in HEADLINE))
+        t.add_row(key, *cells)
+    return t
+
+
+def ablation_table(key: str, policies: Mapping[str, Metrics]) -> Table | None:
+    rows = [p for p in ("tao", *ABLATIONS, "sjf", "oracle") if p in policies]
+    if not any(a in policies for a in ABLATIONS):
+        return None
+    t = Table(title=f"Ablation at {key} (decode Δ vs full TAO)")
+    for col in ("variant", "decode tok/s", "Δ decode", "hit rate", "pause wait s", "TTFT after tool s",
+                "latency s"):
+        t.add_column(col, justify="left" if col == "variant" else "right")
+    base = float(policies["tao"]["decode_tokens_per_s"])
+    for p in rows:
+        m = policies[p]
+        d = float(m["decode_tokens_per_s"])
+        t.add_row(p, f"{d:.1f}", _pct(100.0 * (d - base) / base if base else 0.0),
+                  f"{100 * float(m['prefix_hit_rate']):.2f}%", f"{float(m['mean_pause_wait_s']):.3f}",
+                  f"{float(m['mean_ttft_after_tool_s']):.3f}", f"{float(m['mean_task_latency_s']):.1f}")
+    return t
+
+
+def ablation_points(points: Mapping[str, Mapping[str, Metrics]]) -> Sequence[str]:
+    return [k for k, p in points.items() if any(a in p for a in ABLATIONS)]
