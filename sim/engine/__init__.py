@@ -1,0 +1,50 @@
+"""vLLM V1 engine model (pure, virtual time): block pool, scheduler, step-time roofline.
+
+Public API: ``Engine``, ``EngineRequest``, ``StepResult``, ``FinishedRequest``, profiles
+(``PROFILES``, ``get_profile``, ``Profile``) and token content (``sim.engine.tokens``).
+"""
+
+from sim.engine.engine import Engine
+from sim.engine.kv_cache import BlockPool, KVRequest
+from sim.engine.profiles import PROFILES, Profile, get_profile
+from sim.engine.step_time import StepTimeModel
+from sim.engine.tokens import (
+    BLOCK_SIZE,
+    ChainCache,
+    SyntheticContent,
+    TokenContent,
+    TokenListContent,
+    synthetic_content,
+    synthetic_token_id,
+)
+from sim.engine.types import (
+    FINISH_ABORT,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    EngineRequest,
+    FinishedRequest,
+    StepResult,
+)
+
+__all__ = [
+    "BLOCK_SIZE",
+    "FINISH_ABORT",
+    "FINISH_LENGTH",
+    "FINISH_STOP",
+    "PROFILES",
+    "BlockPool",
+    "ChainCache",
+    "Engine",
+    "EngineRequest",
+    "FinishedRequest",
+    "KVRequest",
+    "Profile",
+    "StepResult",
+    "StepTimeModel",
+    "SyntheticContent",
+    "TokenContent",
+    "TokenListContent",
+    "get_profile",
+    "synthetic_content",
+    "synthetic_token_id",
+]

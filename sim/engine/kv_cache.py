@@ -13,20 +13,41 @@ Invariants (all checked by tests/unit/engine):
   ``BlockPool.get_usage``), ``1 - num_free / num_blocks`` otherwise.
 - Lookup walks from block 0 and stops at the first miss; at most ``num_tokens - 1`` tokens
   may hit (the last prompt token is always recomputed to produce logits).
+
+Performance: vLLM re-walks a waiting request's prefix every step it stays blocked; for 60k-token
+contexts that walk dominates a simulation. ``HitMemo`` makes repeated walks incremental and
+still exact: a hash's chain depth is fixed by the hash itself, so every eviction is logged as
+``(depth, hash)``; a memoised count ``n`` shrinks to ``d`` when a logged ``(d, h)`` has
+``d < n and hashes[d] == h``, then the walk resumes from ``n`` against the live cache (which
+also picks up blocks cached since).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 from sim.engine.tokens import BLOCK_SIZE, TokenContent
+
+_LOG_LIMIT = 1 << 20  # eviction-log entries kept before the log restarts (memos then re-walk)
+
+
+class HitMemo:
+    """How many leading hashes of one chain were cached at a point of the eviction log."""
+
+    __slots__ = ("blocks", "epoch", "log_pos", "n")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.epoch = -1
+        self.log_pos = 0
+        self.blocks: list[int] = []  # block ids of the first len(blocks) <= n hashes
 
 
 class KVRequest:
     """The block-table side of a request (the engine's request state extends it)."""
 
-    __slots__ = ("blocks", "content", "num_cached_blocks", "num_computed_tokens", "num_tokens")
+    __slots__ = ("blocks", "content", "hit_memo", "num_cached_blocks", "num_computed_tokens", "num_tokens")
 
     def __init__(self, content: TokenContent, num_tokens: int) -> None:
         self.content = content
@@ -34,6 +55,7 @@ class KVRequest:
         self.num_computed_tokens = 0
         self.blocks: list[int] = []
         self.num_cached_blocks = 0  # leading blocks of ``blocks`` already hashed into the cache
+        self.hit_memo = HitMemo()
 
 
 class BlockPool:
@@ -42,8 +64,9 @@ class BlockPool:
     def __init__(
         self, num_blocks: int, block_size: int = BLOCK_SIZE, *, reserve_null_block: bool = True
     ) -> None:
-        if block_size != BLOCK_SIZE:
-            raise ValueError(f"only block_size={BLOCK_SIZE} is supported (content keys are per 16 tokens)")
+        # Contents must hash with the same block size (SyntheticContent uses BLOCK_SIZE).
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
         first = 1 if reserve_null_block else 0
         if num_blocks <= first:
             raise ValueError(f"num_blocks must be > {first}, got {num_blocks}")
@@ -53,12 +76,16 @@ class BlockPool:
         self._usable = num_blocks - first
         self.ref_cnt: list[int] = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
+        self._depth: list[int] = [0] * num_blocks  # chain index of a cached block
         # Ordered dict as an O(1) doubly linked LRU list: head = least recently used.
         self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(first, num_blocks))
         self._cached: dict[int, int] = {}
         # Rare: the same hash cached in several blocks (vLLM "duplicated blocks").
         self._dups: dict[int, list[int]] = {}
         self.num_evictions = 0
+        self._evict_log: list[tuple[int, int]] = []
+        self._epoch = 0
+        self._content_memos: dict[Hashable, HitMemo] = {}
 
     # ----------------------------------------------------------------- queries
     @property
@@ -76,25 +103,53 @@ class BlockPool:
     def is_cached(self, block_hash: int) -> bool:
         return block_hash in self._cached
 
-    def longest_hit(self, hashes: Sequence[int], max_blocks: int) -> list[int]:
-        """Block ids of the longest cached prefix among the first ``max_blocks`` hashes."""
+    def hit_count(self, hashes: Sequence[int], max_blocks: int, memo: HitMemo | None = None) -> int:
+        """Number of leading ``hashes`` (at most ``max_blocks``) that are cached now."""
         cached = self._cached
-        out: list[int] = []
-        for i in range(min(max_blocks, len(hashes))):
-            b = cached.get(hashes[i])
-            if b is None:
-                break
-            out.append(b)
-        return out
-
-    def count_hit_blocks(self, hashes: Sequence[int], max_blocks: int) -> int:
-        cached = self._cached
-        n = 0
-        for i in range(min(max_blocks, len(hashes))):
-            if hashes[i] not in cached:
-                break
+        limit = min(max_blocks, len(hashes))
+        if memo is None:
+            memo = HitMemo()
+        if memo.epoch != self._epoch:
+            n = 0
+        else:
+            n = memo.n
+            log = self._evict_log
+            if memo.log_pos < len(log):
+                for i in range(memo.log_pos, len(log)):
+                    d, h = log[i]
+                    if d < n and hashes[d] == h:
+                        n = d
+        if len(memo.blocks) > n:
+            del memo.blocks[n:]
+        while n < limit and hashes[n] in cached:
             n += 1
-        return n
+        memo.n = n
+        memo.epoch = self._epoch
+        memo.log_pos = len(self._evict_log)
+        return n if n < limit else limit
+
+    def content_hit_count(self, content: TokenContent, max_blocks: int) -> int:
+        """``hit_count`` for arbitrary content, memoised per ``content.memo_key`` if it has one."""
+        key = getattr(content, "memo_key", None)
+        memo = None
+        if key is not None:
+            memo = self._content_memos.get(key)
+            if memo is None:
+                if len(self._content_memos) > 100_000:
+                    self._content_memos.clear()
+                memo = self._content_memos[key] = HitMemo()
+        return self.hit_count(content.block_hashes(max_blocks), max_blocks, memo)
+
+    def blocks_for(self, hashes: Sequence[int], num_blocks: int, memo: HitMemo | None = None) -> list[int]:
+        """Block ids holding the first ``num_blocks`` hashes (all cached, as a fresh
+        ``hit_count`` with the same ``memo`` has just established)."""
+        if memo is None:
+            return list(map(self._cached.__getitem__, hashes[:num_blocks]))
+        blocks = memo.blocks
+        have = len(blocks)
+        if have < num_blocks:
+            blocks.extend(map(self._cached.__getitem__, hashes[have:num_blocks]))
+        return blocks[:num_blocks]
 
     # --------------------------------------------------------------- mutation
     def touch(self, blocks: Sequence[int]) -> None:
@@ -107,40 +162,48 @@ class BlockPool:
 
     def pop_free(self, n: int) -> list[int]:
         """Take ``n`` blocks from the head of the free queue, evicting cached ones."""
-        free = self.free_queue
+        popitem = self.free_queue.popitem
         ref = self.ref_cnt
         bh = self.block_hash
+        depth = self._depth
+        cached = self._cached
+        dups = self._dups
+        log = self._evict_log
+        if len(log) + n > _LOG_LIMIT:
+            log.clear()
+            self._epoch += 1
         out: list[int] = []
+        evicted = 0
         for _ in range(n):
-            b, _unused = free.popitem(last=False)
+            b = popitem(last=False)[0]
             h = bh[b]
             if h is not None:
-                self._evict(b, h)
+                bh[b] = None
+                evicted += 1
+                log.append((depth[b], h))
+                if h in dups:
+                    self._evict_dup(b, h)
+                else:
+                    del cached[h]
             ref[b] = 1
             out.append(b)
+        self.num_evictions += evicted
         return out
 
-    def _evict(self, block: int, h: int) -> None:
-        self.block_hash[block] = None
-        self.num_evictions += 1
-        if self._cached.get(h) == block:
-            dups = self._dups.get(h)
-            if dups:
-                self._cached[h] = dups.pop(0)
-                if not dups:
-                    del self._dups[h]
-            else:
-                del self._cached[h]
+    def _evict_dup(self, block: int, h: int) -> None:
+        dups = self._dups[h]
+        if self._cached[h] == block:
+            self._cached[h] = dups.pop(0)
         else:
-            dups = self._dups[h]
             dups.remove(block)
-            if not dups:
-                del self._dups[h]
+        if not dups:
+            del self._dups[h]
 
-    def cache_block(self, block: int, h: int) -> None:
+    def cache_block(self, block: int, h: int, depth: int) -> None:
         if self.block_hash[block] is not None:
             return
         self.block_hash[block] = h
+        self._depth[block] = depth
         if h in self._cached:
             self._dups.setdefault(h, []).append(block)
         else:
@@ -156,37 +219,43 @@ class BlockPool:
                 free[b] = None
 
     # ------------------------------------------------------ request-level ops
-    def get_computed_blocks(self, req: KVRequest) -> list[int]:
-        """Cached leading blocks of a request, capped so its last token is recomputed."""
+    def get_computed_blocks(self, req: KVRequest) -> int:
+        """Number of cached leading blocks of a request, capped so its last token recomputes."""
         max_blocks = (req.num_tokens - 1) // self.block_size
         if max_blocks <= 0:
-            return []
-        return self.longest_hit(req.content.block_hashes(max_blocks), max_blocks)
+            return 0
+        return self.hit_count(req.content.block_hashes(max_blocks), max_blocks, req.hit_memo)
 
-    def allocate_slots(
-        self, req: KVRequest, num_new_tokens: int, new_computed_blocks: Sequence[int] = ()
-    ) -> bool:
-        """Give ``req`` room for ``num_new_tokens`` more tokens (after any prefix hit).
+    def computed_blocks(self, req: KVRequest) -> list[int]:
+        """Block ids of ``get_computed_blocks`` (explicit form, for tests and tools)."""
+        n = self.get_computed_blocks(req)
+        return self.blocks_for(req.content.block_hashes(n), n, req.hit_memo)
 
-        Returns False, changing nothing, when the free queue cannot supply the blocks (hit
-        blocks that sit in the free queue count against it, as in vLLM). On success, every
-        block that is full once these tokens are computed is hashed into the cache.
+    def allocate_slots(self, req: KVRequest, num_new_tokens: int, num_hit_blocks: int = 0) -> bool:
+        """Give ``req`` room for ``num_new_tokens`` more tokens after ``num_hit_blocks`` hit blocks.
+
+        ``num_hit_blocks`` must come from ``get_computed_blocks`` in the same step. Returns False,
+        changing nothing, when the free queue cannot supply the blocks (hit blocks that sit in
+        the free queue count against it, as in vLLM). On success, every block that is full once
+        these tokens are computed is hashed into the cache.
         """
         bs = self.block_size
-        num_computed = req.num_computed_tokens + len(new_computed_blocks) * bs
+        num_computed = req.num_computed_tokens + num_hit_blocks * bs
         total = num_computed + num_new_tokens
-        num_required = -(-total // bs)
-        num_new_blocks = num_required - len(req.blocks) - len(new_computed_blocks)
-        if new_computed_blocks:
-            ref = self.ref_cnt
-            evictable = sum(1 for b in new_computed_blocks if ref[b] == 0)
-        else:
-            evictable = 0
-        if num_new_blocks > len(self.free_queue) - evictable:
+        num_new_blocks = -(-total // bs) - len(req.blocks) - num_hit_blocks
+        free_n = len(self.free_queue)
+        hit: list[int] = []
+        if num_new_blocks > free_n:
             return False
-        if new_computed_blocks:
-            self.touch(new_computed_blocks)
-            req.blocks.extend(new_computed_blocks)
+        if num_hit_blocks:
+            hit = self.blocks_for(req.content.block_hashes(num_hit_blocks), num_hit_blocks, req.hit_memo)
+            if num_new_blocks + num_hit_blocks > free_n:
+                ref = self.ref_cnt
+                evictable = list(map(ref.__getitem__, hit)).count(0)
+                if num_new_blocks > free_n - evictable:
+                    return False
+            self.touch(hit)
+            req.blocks.extend(hit)
             req.num_cached_blocks = len(req.blocks)
         if num_new_blocks > 0:
             req.blocks.extend(self.pop_free(num_new_blocks))
@@ -199,10 +268,18 @@ class BlockPool:
         hashes = req.content.block_hashes(num_full)
         blocks = req.blocks
         bh = self.block_hash
+        depth = self._depth
+        cached = self._cached
         for i in range(req.num_cached_blocks, num_full):
             b = blocks[i]
             if bh[b] is None:
-                self.cache_block(b, hashes[i])
+                h = hashes[i]
+                bh[b] = h
+                depth[b] = i
+                if h in cached:
+                    self._dups.setdefault(h, []).append(b)
+                else:
+                    cached[h] = b
         req.num_cached_blocks = num_full
 
     def free(self, req: KVRequest) -> None:

@@ -94,24 +94,29 @@ class TokenListContent:
     """Content given as explicit token ids (prompt plus the planned output ids).
 
     Only blocks that lie entirely inside ``tokens`` can be hashed; the engine never asks for
-    more, because it hashes only blocks that are full of computed tokens.
+    more, because it hashes only blocks that are full of computed tokens. ``block_size`` other
+    than 16 exists for reproducing small worked examples.
     """
 
-    __slots__ = ("_hashes", "tokens")
+    __slots__ = ("_hashes", "block_size", "tokens")
 
-    def __init__(self, tokens: Sequence[int]) -> None:
+    memo_key = None  # no cross-request lookup memo for explicit token lists
+
+    def __init__(self, tokens: Sequence[int], block_size: int = BLOCK_SIZE) -> None:
         self.tokens: tuple[int, ...] = tuple(tokens)
+        self.block_size = block_size
         self._hashes: list[int] = []
 
     def block_hashes(self, num_blocks: int) -> list[int]:
         hashes = self._hashes
         have = len(hashes)
         if have < num_blocks:
-            limit = min(num_blocks, len(self.tokens) // BLOCK_SIZE)
+            bs = self.block_size
+            limit = min(num_blocks, len(self.tokens) // bs)
             toks = self.tokens
             parent = hashes[-1] if hashes else ROOT_HASH
             for k in range(have, limit):
-                parent = hash((parent, toks[k * BLOCK_SIZE : (k + 1) * BLOCK_SIZE]))
+                parent = hash((parent, toks[k * bs : (k + 1) * bs]))
                 hashes.append(parent)
         return hashes
 
@@ -147,6 +152,11 @@ class SyntheticContent:
         self._sess_key = stable_key(session_id)
         self._shared_key = stable_key(self.shared_prefix_id) if self.shared_prefix_id else 0
         self._hashes: list[int] = [] if _hashes is None else _hashes
+
+    @property
+    def memo_key(self) -> tuple[str, str | None, int]:
+        """Identifies the chain: equal keys mean equal block hashes."""
+        return (self.session_id, self.shared_prefix_id, self.system_prompt_tokens)
 
     def block_hashes(self, num_blocks: int) -> list[int]:
         hashes = self._hashes

@@ -1,0 +1,294 @@
+"""aiohttp app of one emulated vLLM replica, and an in-process runner for tests and tools.
+
+    async with start_vllm_sim(profile="qwen3-32b-h100x2", port=0, time_scale=50) as sim:
+        client = openai.AsyncOpenAI(base_url=sim.base_url + "/v1", api_key="x")
+
+Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
+GET /metrics, GET /version. Output length: exactly ``max_tokens`` when ``ignore_eos`` is true or
+``tao_synthetic`` is present; otherwise an emulated EOS after a deterministic (per prompt)
+8..507 tokens, at least ``min_tokens`` and at most ``max_tokens`` (finish reason "stop" when the
+EOS comes first, "length" otherwise).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from sim.engine import ChainCache, Engine, EngineRequest, Profile, TokenListContent, get_profile
+from sim.engine.tokens import stable_key
+from sim.vllm_sim.metrics import SimMetrics
+from sim.vllm_sim.protocol import (
+    ApiError,
+    GenRequest,
+    bad_request,
+    chat_chunk,
+    chat_response,
+    check_length,
+    completion_chunk,
+    completion_response,
+    parse_chat,
+    parse_completion,
+    usage,
+)
+from sim.vllm_sim.runner import EngineRunner, Stream
+from sim.vllm_sim.tokenizer import plan_synthetic_output, plan_text_output, token_id
+
+EOS_MIN_TOKENS = 8
+EOS_SPREAD_TOKENS = 500
+MAX_BODY_BYTES = 256 * 1024 * 1024
+_dumps = functools.partial(json.dumps, separators=(",", ":"))  # compact, like vLLM's responses
+
+
+def _json_response(obj: Any, status: int = 200) -> web.Response:
+    return web.json_response(obj, status=status, dumps=_dumps)
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    profile: Profile
+    model_name: str
+    time_scale: float = 1.0
+    num_gpu_blocks: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+
+
+class SimServer:
+    """State of one replica: engine, runner, metrics and the HTTP handlers."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.model_name = config.model_name
+        self.engine = Engine(config.profile, num_gpu_blocks=config.num_gpu_blocks,
+                             max_num_seqs=config.max_num_seqs,
+                             max_num_batched_tokens=config.max_num_batched_tokens,
+                             max_model_len=config.max_model_len)
+        self.runner = EngineRunner(self.engine, None, config.time_scale)
+        self.metrics = SimMetrics(self.engine, self.model_name, self.runner.clock_report,
+                                  config.profile.gpu_memory_utilization)
+        self.runner.metrics = self.metrics
+        self.chains = ChainCache()
+        self.created = int(time.time())
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_error_middleware])
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics_handler)
+        app.router.add_get("/version", self.version)
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def _on_startup(self, _app: web.Application) -> None:
+        self.runner.start()
+
+    async def _on_cleanup(self, _app: web.Application) -> None:
+        await self.runner.stop()
+
+    # ---------------------------------------------------------------- simple
+    async def health(self, _req: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def version(self, _req: web.Request) -> web.Response:
+        return _json_response({"version": "0.0.0+tao-vllm-sim"})
+
+    async def metrics_handler(self, _req: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8",
+                            headers={"X-Content-Type": "version=0.0.4"})
+
+    async def models(self, _req: web.Request) -> web.Response:
+        card = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "vllm",
+                "root": self.config.profile.model.hf_id, "parent": None,
+                "max_model_len": self.engine.max_model_len,
+                "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
+                                "created": self.created, "allow_create_engine": False, "allow_sampling": True,
+                                "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+                                "allow_fine_tuning": False, "organization": "*", "group": None,
+                                "is_blocking": False}]}
+        return _json_response({"object": "list", "data": [card]})
+
+    # ------------------------------------------------------------ generation
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, parse_chat(await _json(request), self.model_name))
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, parse_completion(await _json(request), self.model_name))
+
+    def _plan(self, req: GenRequest) -> tuple[EngineRequest, list[str]]:
+        max_tokens = check_length(req, self.engine.max_model_len)
+        rid = ("chatcmpl-" if req.kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        syn = req.synthetic
+        if syn is not None:
+            content = self.chains.synthetic(syn.session_id, syn.shared_prefix_id, syn.system_prompt_tokens)
+            return EngineRequest(rid, content, syn.prompt_tokens, max_tokens), \
+                plan_synthetic_output(syn.session_id, syn.prompt_tokens, max_tokens)
+        n_out, reason = max_tokens, "length"
+        if not req.ignore_eos:
+            eos = EOS_MIN_TOKENS + stable_key(f"eos:{hash(req.prompt_ids)}") % EOS_SPREAD_TOKENS
+            eos = max(eos, req.min_tokens, 1)
+            if eos < max_tokens:
+                n_out, reason = eos, "stop"
+        pieces = plan_text_output(hash(req.prompt_ids), n_out)
+        tokens = TokenListContent(req.prompt_ids + tuple(token_id(p) for p in pieces))
+        return EngineRequest(rid, tokens, len(req.prompt_ids), n_out, finish_reason_at_max=reason), pieces
+
+    async def _generate(self, request: web.Request, req: GenRequest) -> web.StreamResponse:
+        engine_req, pieces = self._plan(req)
+        try:
+            stream = self.runner.submit(engine_req, pieces)
+        except ValueError as exc:
+            raise bad_request(str(exc)) from exc
+        try:
+            if req.stream:
+                return await self._stream(request, req, stream)
+            return await self._unary(req, stream)
+        finally:
+            if stream.finished is None:
+                self.runner.abort(stream.request_id)
+
+    async def _unary(self, req: GenRequest, stream: Stream) -> web.Response:
+        while stream.finished is None:
+            stream.changed.clear()
+            await stream.changed.wait()
+        fin = stream.finished
+        text = "".join(stream.pieces[: fin.output_tokens])
+        u = usage(stream.prompt_tokens, fin.output_tokens, fin.cached_tokens, drop_none=False)
+        build = chat_response if req.kind == "chat" else completion_response
+        return _json_response(build(stream.request_id, int(time.time()), req.model, text,
+                                       fin.finish_reason, u))
+
+    async def _stream(self, request: web.Request, req: GenRequest, stream: Stream) -> web.StreamResponse:
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                                        "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        try:
+            await self._stream_body(resp, req, stream)
+        except ConnectionResetError:  # the client went away: _generate aborts the request
+            pass
+        return resp
+
+    async def _stream_body(self, resp: web.StreamResponse, req: GenRequest, stream: Stream) -> None:
+        created = int(time.time())
+        rid, model, chat = stream.request_id, req.model, req.kind == "chat"
+
+        async def send(obj: dict[str, Any]) -> None:
+            await resp.write(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+
+        def cont_usage(n: int) -> dict[str, Any] | None:
+            return usage(stream.prompt_tokens, n, 0, drop_none=True) if req.continuous_usage else None
+
+        if chat:
+            await send(chat_chunk(rid, created, model, {"role": "assistant", "content": ""}, None, cont_usage(0)))
+        # Hot path: a token chunk is a fixed prefix + the JSON string + a fixed suffix.
+        if chat:
+            head = _dumps(chat_chunk(rid, created, model, {"content": ""}, None)).split('"content":""')
+        else:
+            head = _dumps(completion_chunk(rid, created, model, "", None)).split('"text":""')
+        key = '"content":' if chat else '"text":'
+        prefix, suffix = (b"data: " + head[0].encode() + key.encode()), (head[1] + "\n\n").encode()
+        sent = 0
+        while True:
+            stream.changed.clear()
+            fin = stream.finished
+            upto = fin.output_tokens if fin is not None else stream.emitted
+            if upto > sent or fin is not None:
+                text = "".join(stream.pieces[sent:upto])
+                sent = upto
+                reason = fin.finish_reason if fin is not None else None
+                if reason is None and not req.continuous_usage:
+                    await resp.write(prefix + json.dumps(text).encode() + suffix)
+                elif chat:
+                    await send(chat_chunk(rid, created, model, {"content": text}, reason, cont_usage(sent)))
+                else:
+                    await send(completion_chunk(rid, created, model, text, reason, cont_usage(sent)))
+            if fin is not None:
+                break
+            await stream.changed.wait()
+        if req.include_usage:
+            u = usage(stream.prompt_tokens, fin.output_tokens, fin.cached_tokens, drop_none=True)
+            build = chat_chunk if chat else completion_chunk
+            await send(build(rid, created, model, None, None, u))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+
+
+async def _json(request: web.Request) -> Any:
+    try:
+        return await request.json()
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, too deep
+        raise bad_request(f"JSON decode error: {exc}") from exc
+
+
+@web.middleware
+async def _error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        resp: web.StreamResponse = await handler(request)
+        return resp
+    except ApiError as err:
+        return _json_response(err.body(), status=err.status)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return _json_response(ApiError(413, exc.text or "Request body too large").body(), status=413)
+    except web.HTTPException:
+        raise
+    except (ConnectionResetError, TimeoutError):
+        raise
+    except Exception as exc:  # a bug: answer like vLLM's InternalServerError, keep serving
+        return _json_response(ApiError(500, f"{type(exc).__name__}: {exc}", "InternalServerError").body(),
+                                 status=500)
+
+
+def build_server(profile: str | Profile, *, model_name: str | None = None, time_scale: float = 1.0,
+                 num_gpu_blocks: int | None = None, max_num_seqs: int | None = None,
+                 max_num_batched_tokens: int | None = None, max_model_len: int | None = None) -> SimServer:
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    return SimServer(SimConfig(prof, model_name or prof.model_name, time_scale, num_gpu_blocks, max_num_seqs,
+                               max_num_batched_tokens, max_model_len))
+
+
+@dataclass(slots=True)
+class RunningSim:
+    server: SimServer
+    host: str
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def engine(self) -> Engine:
+        return self.server.engine
+
+
+@asynccontextmanager
+async def start_vllm_sim(profile: str | Profile = "qwen3-32b-h100x2", *, host: str = "127.0.0.1", port: int = 0,
+                         time_scale: float = 1.0, model_name: str | None = None,
+                         num_gpu_blocks: int | None = None, max_num_seqs: int | None = None,
+                         max_num_batched_tokens: int | None = None,
+                         max_model_len: int | None = None) -> AsyncIterator[RunningSim]:
+    """Serve one replica in this event loop; ``port=0`` picks a free port (see ``.port``)."""
+    server = build_server(profile, model_name=model_name, time_scale=time_scale, num_gpu_blocks=num_gpu_blocks,
+                          max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                          max_model_len=max_model_len)
+    runner = web.AppRunner(server.app(), access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = int(runner.addresses[0][1]) if runner.addresses else port
+    try:
+        yield RunningSim(server, host, bound)
+    finally:
+        await runner.cleanup()
