@@ -36,7 +36,8 @@ class _Median:
 
 def baseline_calls(events: Sequence[ToolEvent], kind: str) -> list[CallResult]:
     """Score a baseline: its prediction is fixed at start (it has no other evidence)."""
-    glob, per_tool = _Median(), defaultdict(_Median)
+    glob: _Median = _Median()
+    per_tool: defaultdict[str, _Median] = defaultdict(_Median)
     started: dict[tuple[str, str], tuple[float, str, float]] = {}
     out = []
     for e in sorted(events, key=lambda e: e.t):

@@ -31,7 +31,7 @@ _SUFFIX_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)([smhd]?)$")
 _NUMBER_RE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:ms|[smhd])?(?![\w.])")
 _CONTROL = {"&&", "||", ";", "&", ";;"}
-_LOOP_WORDS = {"for", "while", "until", "do", "done", "select"}
+_LOOP_WORDS = {"for", "while", "until", "select"}
 _INSTANT = {"cd", "export", "source", ".", "set", "unset", "echo", "true", ":", "pushd", "popd",
             "alias", "printf", "shopt", "umask", "ulimit", "local", "declare", "{", "}", "then",
             "fi", "if", "else", "elif"}
@@ -150,9 +150,9 @@ def _program_of(words: list[str]) -> str:
         return ""
     head = words[0].rsplit("/", 1)[-1]
     if _PYTHON_RE.match(head):
-        for j, w in enumerate(words[1:-1], start=1):
+        for j, w in enumerate(words[1:], start=1):
             if w == "-m":
-                return words[j + 1]
+                return words[j + 1] if j + 1 < len(words) else "python"
             if w == "-c":
                 return "python-c"
             if not w.startswith("-"):
@@ -238,8 +238,9 @@ def _analyse(command: str, depth: int) -> _Analysis:
     tokens = _tokens(command)
     if tokens is None:
         return _Analysis(None, None, "", " ".join(command.split()))
-    loop = any(t in _LOOP_WORDS for t in tokens)
     segments = _split(tokens)
+    # a loop keyword counts only where a command starts (`echo done` is not a loop)
+    loop = any(next((w for w in m if w != "("), "") in _LOOP_WORDS for _, ms, _ in segments for m in ms)
     # Drop leading `cd DIR` segments from the fingerprint text: where the agent stands
     # rarely changes what the command costs, and harnesses prepend it inconsistently.
     start = 0
@@ -294,8 +295,26 @@ def mask_numbers(text: str) -> str:
     return _NUMBER_RE.sub("#", text)
 
 
+_SHELL_CHARS = re.compile(r"[;&|()<>'\"\\\n`$]|\bsleep\b|\btimeout\b|\b(?:ba|z|da)?sh\b")
+
+
+def _simple(command: str) -> ParsedCommand | None:
+    """Fast path: one plain command with no shell syntax and nothing about sleeps."""
+    if _SHELL_CHARS.search(command):
+        return None
+    words = command.split()
+    core = _strip_prefixes(words)
+    if not core or core[0].rsplit("/", 1)[-1] in _INSTANT or core[0] in _LOOP_WORDS:
+        return None
+    exact = " ".join(words)[:512]
+    return ParsedCommand(None, None, _program_of(core)[:64], exact, mask_numbers(exact))
+
+
 def parse_command(command: str) -> ParsedCommand:
     """Duration facts and fingerprints of ``command`` (never raises)."""
+    fast = _simple(command)
+    if fast is not None:
+        return fast
     a = _analyse(command, 0)
     exact = a.text[:512]
     return ParsedCommand(

@@ -63,11 +63,13 @@ class ToolEvent:
         if not isinstance(data, Mapping):
             raise InvalidEventError("event must be a JSON object")
         try:
-            etype = EventType(data.get("type"))
+            etype = EventType(str(data.get("type")))
         except ValueError:
             raise InvalidEventError(f"unknown event type {data.get('type')!r}") from None
-        event = cls(
-            t=_number(data, "t", required=True),  # type: ignore[arg-type]
+        t = _number(data, "t", required=True)
+        assert t is not None  # required=True raised otherwise
+        return cls(
+            t=t,
             session_id=_text(data, "session_id"),
             call_id=_text(data, "call_id"),
             type=etype,
@@ -78,7 +80,6 @@ class ToolEvent:
             fraction=_number(data, "fraction"),
             seq=int(_number(data, "seq") or 0),
         )
-        return event
 
 
 def _text(data: Mapping[str, Any], name: str) -> str:
@@ -118,36 +119,39 @@ def validate_event(event: ToolEvent, now_s: float | None, limits: EventLimits) -
     """Raise ``InvalidEventError`` if ``event`` must be rejected.
 
     Checks what one event can show on its own; inconsistencies with earlier events (a call
-    finished before it started) are found by ``Predictor.observe``.
+    finished before it started) are found by ``Predictor.observe``. (Written flat: it runs
+    for every ingested event.)
     """
-    if not isinstance(event.type, EventType):
+    if event.type.__class__ is not EventType:
         raise InvalidEventError(f"unknown event type {event.type!r}")
-    for name in ("session_id", "call_id"):
-        value: str = getattr(event, name)
-        if not value:
-            raise InvalidEventError(f"{name} is empty")
-        if len(value) > limits.max_id_chars:
-            raise InvalidEventError(f"{name} longer than {limits.max_id_chars} characters")
-    if len(event.tool) > limits.max_tool_chars:
+    sid, cid, tool = event.session_id, event.call_id, event.tool
+    if not sid:
+        raise InvalidEventError("session_id is empty")
+    if not cid:
+        raise InvalidEventError("call_id is empty")
+    max_id = limits.max_id_chars
+    if len(sid) > max_id or len(cid) > max_id:
+        raise InvalidEventError(f"session_id or call_id longer than {max_id} characters")
+    if len(tool) > limits.max_tool_chars:
         raise InvalidEventError(f"tool name longer than {limits.max_tool_chars} characters")
     if len(event.command) > limits.max_command_chars:
         raise InvalidEventError(f"command longer than {limits.max_command_chars} characters")
-    if event.type is EventType.STARTED and not event.tool:
+    if not tool and event.type is EventType.STARTED:
         raise InvalidEventError("started event without a tool name")
-    if not math.isfinite(event.t) or event.t < 0:
-        raise InvalidEventError(f"timestamp t={event.t} is not a finite non-negative number")
-    if now_s is not None and event.t > now_s + limits.max_future_s:
+    t = event.t
+    if not (0.0 <= t < math.inf):
+        raise InvalidEventError(f"timestamp t={t} is not a finite non-negative number")
+    if now_s is not None and t > now_s + limits.max_future_s:
         raise InvalidEventError(
-            f"timestamp t={event.t:.3f} is {event.t - now_s:.3f} s in the future (limit {limits.max_future_s} s)"
+            f"timestamp t={t:.3f} is {t - now_s:.3f} s in the future (limit {limits.max_future_s} s)"
         )
-    for name in ("deadline_s", "eta_s"):
-        v: float | None = getattr(event, name)
-        if v is not None:
-            if not math.isfinite(v) or v < 0:
-                raise InvalidEventError(f"{name}={v} is negative or not finite")
-            if v > limits.max_duration_s:
-                raise InvalidEventError(f"{name}={v} exceeds {limits.max_duration_s} s")
-    if event.fraction is not None and not (0.0 <= event.fraction <= 1.0):
-        raise InvalidEventError(f"fraction={event.fraction} is outside [0, 1]")
+    d, eta = event.deadline_s, event.eta_s
+    if d is not None and not (0.0 <= d <= limits.max_duration_s):
+        raise InvalidEventError(f"deadline_s={d} is negative, not finite or above {limits.max_duration_s} s")
+    if eta is not None and not (0.0 <= eta <= limits.max_duration_s):
+        raise InvalidEventError(f"eta_s={eta} is negative, not finite or above {limits.max_duration_s} s")
+    f = event.fraction
+    if f is not None and not (0.0 <= f <= 1.0):
+        raise InvalidEventError(f"fraction={f} is outside [0, 1]")
     if event.seq < 0:
         raise InvalidEventError(f"seq={event.seq} is negative")

@@ -13,13 +13,16 @@ the total. Why:
   (a test suite that grew) within a few observations, and the bounded ring keeps state
   small and serialisable.
 
-``estimate_above(e)`` is the same median over samples longer than ``e`` only: the
+The same estimator serves the other learned series (sleep residuals, deadline ratios and
+overshoots, progress calibrations). ``estimate_above(e)`` is the same median over samples
+longer than ``e`` only: the
 conditional estimate once a call has been running for ``e`` seconds (used when a runner
 reports that a call is still running). All durations are seconds.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -53,34 +56,47 @@ class DurationHistory:
 
     def estimate_above(self, elapsed_s: float, decay: float) -> float | None:
         """Weighted median of the samples longer than ``elapsed_s``; None when there are none."""
-        if not any(s > elapsed_s for s in self.samples):
+        samples = self.samples
+        if elapsed_s < min(samples):
+            return self.estimate(decay)  # every sample qualifies: the (cached) plain estimate
+        if elapsed_s >= max(samples):
             return None
-        return _weighted_median(self.samples, decay, elapsed_s)
+        return _weighted_median(samples, decay, elapsed_s)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"d": [round(s, 6) for s in self.samples], "n": self.count}
+        return {"d": list(self.samples), "n": self.count}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DurationHistory:
         samples = [float(x) for x in data.get("d", [])]
-        if any(not (s >= 0.0) or s == float("inf") for s in samples):
-            raise ValueError("history samples must be finite and >= 0")
+        if not all(math.isfinite(s) for s in samples):  # (deadline overshoots may be negative)
+            raise ValueError("history samples must be finite numbers")
         return cls(samples, int(data.get("n", len(samples))))
 
 
+_WEIGHTS: dict[tuple[float, int], list[float]] = {}
+
+
+def _weights(decay: float, n: int) -> list[float]:
+    """decay**(n-1), ..., decay**0: the weight of each sample, oldest first (memoised)."""
+    w = _WEIGHTS.get((decay, n))
+    if w is None:
+        w = _WEIGHTS[(decay, n)] = [decay ** (n - 1 - i) for i in range(n)]
+    return w
+
+
 def _weighted_median(samples: list[float], decay: float, above: float | None) -> float:
-    n = len(samples)
-    weighted = [
-        (s, decay ** (n - 1 - i)) for i, s in enumerate(samples) if above is None or s > above
-    ]
-    weighted.sort()
-    half = sum(w for _, w in weighted) / 2.0
+    pairs = list(zip(samples, _weights(decay, len(samples)), strict=True))
+    if above is not None:
+        pairs = [p for p in pairs if p[0] > above]
+    pairs.sort()
+    half = sum(w for _, w in pairs) / 2.0
     acc = 0.0
-    for value, w in weighted:
+    for value, w in pairs:
         acc += w
         if acc >= half:
             return value
-    return weighted[-1][0]
+    return pairs[-1][0]
 
 
 class HistoryStore:

@@ -363,7 +363,9 @@ class Prediction(_message.Message):
     ready: _builtins.bool
     """True when the session needs the GPU now or within the readiness horizon (1 s)."""
     ready_reason: _builtins.str
-    """Why `ready` is what it is: "completed", "due", "deadline", "exploration", "not_due", "stale"."""
+    """Why `ready` is what it is: "completed", "due", "deadline", "exploration", "overdue",
+    "not_due", "stale" or "unknown".
+    """
     expected_duration_s: _builtins.float
     """Expected total duration of the call, seconds."""
     remaining_s: _builtins.float
