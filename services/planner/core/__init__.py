@@ -1,0 +1,33 @@
+"""TAO planner core: pure (no I/O, no wall clock), deterministic, exact integer values.
+
+Public API (contract A): the model (``Snapshot`` -> ``Plan``), the ``Policy`` protocol and
+the registry (``POLICIES``, ``make_policy``). See DESIGN §4 and each module's docstring.
+"""
+
+from services.planner.core.model import (
+    Assignment,
+    CreditEvidence,
+    Objective,
+    Plan,
+    ReplicaState,
+    SessionState,
+    Snapshot,
+    SnapshotError,
+)
+from services.planner.core.policy import Policy
+from services.planner.core.registry import POLICIES, UnknownPolicyError, make_policy
+
+__all__ = [
+    "POLICIES",
+    "Assignment",
+    "CreditEvidence",
+    "Objective",
+    "Plan",
+    "Policy",
+    "ReplicaState",
+    "SessionState",
+    "Snapshot",
+    "SnapshotError",
+    "UnknownPolicyError",
+    "make_policy",
+]

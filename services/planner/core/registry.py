@@ -1,0 +1,59 @@
+"""The policy registry: config string -> zero-argument factory (contract A).
+
+Every factory returns a fresh policy instance (policies with history — round_robin's cursor,
+ThunderAgent's tick clock and queue — keep it per instance). Other packages register more
+policies by adding to ``POLICIES`` (the simulator adds ``oracle``); the conformance test
+runs every registered name through the same invariants.
+
+| name             | gates | sees                                        | decides                                          | source |
+|------------------|-------|---------------------------------------------|--------------------------------------------------|--------|
+| tao              | yes   | decayed credit (h = 10 s), readiness, footprint, free capacity | pauses by ascending value; admission+placement by the capacity-state DP (lexicographic Σk, Σr, Σf) | DESIGN §4, seed 000 |
+| tao-no-decay     | yes   | as tao, credit k = k0                        | as tao                                           | seed 000 ablation |
+| tao-no-readiness | yes   | as tao, r = 0                                | as tao                                           | seed 000 ablation |
+| tao-bfd          | yes   | as tao                                       | best-fit-decreasing by value instead of the DP   | seed 000 ablation |
+| tao-ta-pause     | yes   | as tao                                       | ThunderAgent's pause order (smallest first)      | seed 000 ablation |
+| sjf              | yes   | footprint (credit only to pick the replica)  | shortest footprint first, TAO pauses             | seed 000 comparison |
+| thunderagent     | yes   | program tokens (acting weighted), buffers    | tick every 5 s: resume reasoning→new→acting, BFD onto the roomiest replica; pause smallest acting first, mark reasoning | ThunderAgent scheduler/router.py |
+| round_robin      | no    | replica health                               | every held request to the next replica          | vLLM production-stack / Dynamo round-robin |
+| least_loaded     | no    | running + waiting requests                   | every held request to the least loaded replica  | common load-balancing baseline |
+| cache_aware      | no    | best cache evidence per replica, active KV blocks | lowest 1.0·prefill blocks + decode blocks      | NVIDIA Dynamo KV router docs |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from services.planner.core.policy import Policy
+from services.planner.core.routers import CacheAwarePolicy, LeastLoadedPolicy, RoundRobinPolicy
+from services.planner.core.tao import TaoConfig, TaoPolicy
+from services.planner.core.thunderagent import ThunderAgentPolicy
+from services.planner.core.values import ValueConfig
+
+
+class UnknownPolicyError(ValueError):
+    """A policy name that is not registered; the message lists the registered names."""
+
+
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "tao": lambda: TaoPolicy("tao"),
+    "tao-no-decay": lambda: TaoPolicy("tao-no-decay", TaoConfig(values=ValueConfig(half_life_s=None))),
+    "tao-no-readiness": lambda: TaoPolicy("tao-no-readiness", TaoConfig(values=ValueConfig(use_readiness=False))),
+    "tao-bfd": lambda: TaoPolicy("tao-bfd", TaoConfig(placement="bfd")),
+    "tao-ta-pause": lambda: TaoPolicy("tao-ta-pause", TaoConfig(pause_order="thunderagent")),
+    "sjf": lambda: TaoPolicy("sjf", TaoConfig(placement="sjf")),
+    "round_robin": RoundRobinPolicy,
+    "least_loaded": LeastLoadedPolicy,
+    "cache_aware": CacheAwarePolicy,
+    "thunderagent": ThunderAgentPolicy,
+}
+
+
+def make_policy(name: str) -> Policy:
+    """A fresh instance of the policy registered as ``name``."""
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise UnknownPolicyError(
+            f"unknown policy {name!r}; registered: {', '.join(sorted(POLICIES))}"
+        ) from None
+    return factory()

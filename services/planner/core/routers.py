@@ -1,0 +1,134 @@
+"""Per-request routers (not admission-gating, not sticky): round_robin, least_loaded, cache_aware.
+
+Each routes every held request (pool session in WAITING) at once, in arrival order
+(``waiting_since_s``, then id), to one healthy replica, whatever its capacity — vLLM queues
+what does not fit. They never pause. ``Plan.objective`` is still measured with TAO's values.
+
+- ``round_robin`` (vLLM production-stack / Dynamo ``--router-mode round-robin``): healthy
+  replicas in id order, one cursor that persists across plans. Sees only replica health.
+- ``least_loaded``: the healthy replica with the fewest requests (running + waiting from
+  ``/metrics`` + requests this plan already sent there); ties by fewer used tokens, then id.
+  Sees request counts.
+- ``cache_aware`` — NVIDIA Dynamo's KV router cost (docs "KV Router" / "Routing concepts":
+  ``cost = overlap_score_weight × prefill_blocks + decode_blocks``, lowest wins;
+  ``--kv-overlap-score-weight`` default 1.0, ``--router-temperature`` 0 = deterministic):
+    prefill_blocks = (input tokens − overlap blocks × block size) / block size,
+    decode_blocks  = active blocks on the replica + blocks of this request.
+  Input tokens are the session's ``context_tokens`` (its next prompt; the footprint when
+  unknown); overlap = the session's best cache evidence k0 on that replica (Dynamo's radix
+  tree has no time decay), in whole blocks, capped at the input; active blocks =
+  ceil(used_tokens / block) plus what this plan already routed there. Dynamo picks randomly
+  among equal costs; we take fewer active blocks, then the lowest id.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+
+from services.planner.core.model import Assignment, Plan, ReplicaState, SessionState, Snapshot
+from services.planner.core.policy import (
+    PlanCounter,
+    Stopwatch,
+    elapsed_ms,
+    full_objective,
+    sorted_replicas,
+    start_time,
+)
+from services.planner.core.values import raw_credit_matrix
+
+BLOCK_TOKENS = 16  # vLLM's default KV block size; Dynamo's --kv-cache-block-size must match it
+
+
+def held_requests(snapshot: Snapshot) -> list[SessionState]:
+    """Pool sessions with a request held at the router, in arrival order."""
+    held = [s for s in snapshot.sessions if not s.admitted and s.phase == "WAITING"]
+    return sorted(held, key=lambda s: (s.waiting_since_s if s.waiting_since_s is not None else snapshot.now_s, s.id))
+
+
+class _Router(ABC):
+    gates_admission = False
+    sticky = False
+    name = ""
+
+    def __init__(self, stopwatch: Stopwatch | None = None) -> None:
+        self._stopwatch = stopwatch
+        self._revisions = PlanCounter()
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        start = start_time(self._stopwatch)
+        healthy = [r for r in sorted_replicas(snapshot) if r.healthy]
+        held = held_requests(snapshot)
+        assignments = tuple(self._route(snapshot, healthy, held)) if healthy else ()
+        return Plan(
+            revision=self._revisions.next(),
+            assignments=assignments,
+            pauses=(),
+            objective=full_objective(snapshot, assignments),
+            solver=self.name,
+            solve_ms=elapsed_ms(self._stopwatch, start),
+            policy=self.name,
+        )
+
+    @abstractmethod
+    def _route(self, snapshot: Snapshot, healthy: list[ReplicaState], held: list[SessionState]) -> list[Assignment]:
+        """Route ``held`` (arrival order) onto ``healthy`` (non-empty, id order)."""
+
+
+class RoundRobinPolicy(_Router):
+    name = "round_robin"
+
+    def __init__(self, stopwatch: Stopwatch | None = None) -> None:
+        super().__init__(stopwatch)
+        self._cursor = 0
+
+    def _route(self, snapshot: Snapshot, healthy: list[ReplicaState], held: list[SessionState]) -> list[Assignment]:
+        out = []
+        for s in held:
+            out.append(Assignment(s.id, healthy[self._cursor % len(healthy)].id))
+            self._cursor += 1
+        return out
+
+
+class LeastLoadedPolicy(_Router):
+    name = "least_loaded"
+
+    def _route(self, snapshot: Snapshot, healthy: list[ReplicaState], held: list[SessionState]) -> list[Assignment]:
+        load = {r.id: r.running + r.waiting for r in healthy}
+        out = []
+        for s in held:
+            target = min(healthy, key=lambda r: (load[r.id], r.used_tokens, r.id))
+            load[target.id] += 1
+            out.append(Assignment(s.id, target.id))
+        return out
+
+
+class CacheAwarePolicy(_Router):
+    name = "cache_aware"
+
+    def __init__(self, overlap_score_weight: float = 1.0, block_tokens: int = BLOCK_TOKENS,
+                 stopwatch: Stopwatch | None = None) -> None:
+        super().__init__(stopwatch)
+        self.overlap_score_weight = overlap_score_weight
+        self.block_tokens = block_tokens
+
+    def _route(self, snapshot: Snapshot, healthy: list[ReplicaState], held: list[SessionState]) -> list[Assignment]:
+        bt = self.block_tokens
+        k0, _ = raw_credit_matrix(held, healthy)
+        active = {r.id: math.ceil(r.used_tokens / bt) for r in healthy}
+        out = []
+        for i, s in enumerate(held):
+            input_tokens = s.context_tokens if s.context_tokens > 0 else s.footprint_tokens
+            request_blocks = math.ceil(input_tokens / bt)
+            best: tuple[float, int, str] | None = None
+            for j, r in enumerate(healthy):
+                overlap_blocks = min(int(k0[i, j]), input_tokens) // bt
+                prefill_blocks = (input_tokens - overlap_blocks * bt) / bt
+                decode_blocks = active[r.id] + request_blocks
+                key = (self.overlap_score_weight * prefill_blocks + decode_blocks, active[r.id], r.id)
+                if best is None or key < best:
+                    best = key
+            assert best is not None
+            active[best[2]] += request_blocks
+            out.append(Assignment(s.id, best[2]))
+        return out

@@ -1,0 +1,66 @@
+"""`tao serve planner`: the shared bootstrap around the planner service.
+
+Exposes what ``services/common/serve_cli.py`` needs: ``Settings``, ``build_app(settings)``,
+``add_cli_arguments(parser)`` and ``settings_overrides(args)``. Health is SERVING once the
+service is started and Redis answers. Tests pass ``autorun=False`` and call
+``app.service.plan_once()`` themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+from services.common.bootstrap import ServiceApp, ServiceContext
+from services.planner.core import POLICIES
+from services.planner.service import ModelClock, PlannerService, PlannerServicer
+from services.planner.settings import Settings
+from tao.planner.v1 import planner_pb2_grpc
+
+__all__ = ["PlannerApp", "Settings", "add_cli_arguments", "build_app", "settings_overrides"]
+
+
+class PlannerApp:
+    grpc_service_names: Sequence[str] = ("tao.planner.v1.PlannerService",)
+
+    def __init__(self, settings: Settings, clock: ModelClock | None = None, autorun: bool = True) -> None:
+        self.settings = settings
+        self._clock = clock
+        self.autorun = autorun
+        self.service: PlannerService | None = None
+
+    async def start(self, server: grpc.aio.Server, ctx: ServiceContext) -> None:
+        svc = PlannerService(self.settings, ctx.redis, ctx.epoch, self._clock or ctx.clock, ctx.log, ctx.metrics)
+        self.service = svc
+        planner_pb2_grpc.add_PlannerServiceServicer_to_server(PlannerServicer(svc), server)
+        if self.autorun:
+            svc.start_background()
+        ctx.log.info("planner started", policy=self.settings.policy, tick_s=self.settings.tick_s)
+
+    async def ready(self) -> bool:
+        return self.service is not None
+
+    async def stop(self) -> None:
+        if self.service is not None:
+            await self.service.stop()
+
+
+def build_app(settings: Settings) -> ServiceApp:
+    return PlannerApp(settings)
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policy", default=None, help=f"placement policy: {', '.join(sorted(POLICIES))}")
+    parser.add_argument("--tick-s", type=float, default=None, help="periodic re-plan period (default 1 s)")
+    parser.add_argument("--debounce-s", type=float, default=None, help="pool-change debounce (default 0.05 s)")
+
+
+def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "policy": getattr(args, "policy", None),
+        "tick_s": getattr(args, "tick_s", None),
+        "debounce_s": getattr(args, "debounce_s", None),
+    }

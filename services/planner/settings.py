@@ -1,0 +1,40 @@
+"""Planner service settings (env prefix ``TAO_PLANNER_``; flags of ``tao serve planner`` override).
+
+Times are model seconds (``ServiceSettings.time_scale``, CONTRACTS E).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from services.common.settings import ServiceSettings
+from services.planner.core.registry import POLICIES
+
+
+class Settings(ServiceSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TAO_PLANNER_", extra="forbid", validate_default=True, env_nested_delimiter="__"
+    )
+    service_name: ClassVar[str] = "planner"
+
+    policy: str = Field(default="tao", description="policy from the registry that plans published rounds")
+    tick_s: float = Field(default=1.0, gt=0.0, le=3600.0, description="periodic re-plan period")
+    debounce_s: float = Field(default=0.05, ge=0.0, le=60.0,
+                              description="after a pool change, wait this long for more before planning")
+    ready_horizon_s: float = Field(default=1.0, ge=0.0, le=60.0,
+                                   description="DESIGN §4: ready when the predicted return is this close")
+    prediction_fresh_s: float = Field(default=30.0, gt=0.0, le=3600.0,
+                                      description="DESIGN §4: only predictions refreshed this recently count")
+    use_tenant_headroom: bool = Field(default=True,
+                                      description="cap new admissions per tenant at budget cap minus in flight")
+    watch_queue_size: int = Field(default=64, ge=1, le=10_000, description="plans buffered per slow watcher")
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        if value not in POLICIES:
+            raise ValueError(f"unknown policy {value!r}; choose one of: {', '.join(sorted(POLICIES))}")
+        return value
