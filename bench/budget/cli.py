@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.budget.report import SEED_REFERENCE, TARGET_GAIN, machine, render, run_scenario
-from bench.budget.workload import SCENARIOS, Scenario
+from bench.budget.workload import SCENARIOS, STATIC_VS_DYNAMIC, Scenario
 from services.budget.core import DynamicParams
 
 SWEEP = ((0.5, 0.25), (0.5, 0.5), (0.25, 0.25), (0.25, 0.5), (0.0, 0.25))
@@ -91,8 +91,7 @@ def run(args: argparse.Namespace) -> int:
         print("== sensitivity (seed scenario): release_per_tick x step_frac")
         for release, step in SWEEP:
             p = replace(params, release_per_tick=release, step_frac=step)
-            res = run_scenario(replace(scenario("seed"), policies=(("static", "static", None),
-                                                                  ("dynamic", "dynamic", None))), seeds, p)
+            res = run_scenario(replace(scenario("seed"), policies=STATIC_VS_DYNAMIC), seeds, p)
             r = res["ratios_vs_static"]["dynamic"]
             dyn = res["policies"]["dynamic"]
             sweep.append({"release_per_tick": release, "step_frac": step, "ratios_vs_static": r,

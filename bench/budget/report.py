@@ -6,7 +6,7 @@ import math
 import os
 import platform
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from bench.budget.sim import PolicyRun, run_policy
@@ -25,9 +25,9 @@ SEED_REFERENCE: dict[str, dict[str, Any]] = {
 TARGET_GAIN = 0.14
 
 _SCALARS = ("total_tokens_per_s", "completed_requests", "requests_per_s", "p99_latency_s", "mean_kv_usage",
-            "engine_busy_frac", "holds", "ticks", "preemptions")
+            "engine_busy_frac", "holds", "ticks", "preemptions", "max_in_flight")
 _MAPS = ("per_tenant_tokens_per_s", "per_tenant_completed", "per_tenant_p99_latency_s", "per_tenant_mean_latency_s",
-         "per_tenant_mean_wait_s", "moves_to")
+         "per_tenant_mean_wait_s", "moves_to", "mean_caps")
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -52,13 +52,13 @@ def aggregate(runs: Sequence[PolicyRun]) -> dict[str, Any]:
 def run_scenario(scenario: Scenario, seeds: Sequence[int], params: DynamicParams,
                  progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     policies: dict[str, Any] = {}
-    for label, registry_name, boost in scenario.policies:
-        p = params if boost is None else DynamicParams(**{**asdict(params), "slo_boost": boost})
+    for spec in scenario.policies:
+        p = params if spec.slo_boost is None else replace(params, slo_boost=spec.slo_boost)
         runs = []
         for seed in seeds:
-            runs.append(run_policy(scenario, label, make_policy(registry_name, p), seed))
-            progress(f"{scenario.name}/{label} seed {seed}: {runs[-1].total_tokens_per_s:,.0f} tok/s")
-        policies[label] = aggregate(runs)
+            runs.append(run_policy(scenario, spec.label, make_policy(spec.registry, p), seed, spec.overcommit))
+            progress(f"{scenario.name}/{spec.label} seed {seed}: {runs[-1].total_tokens_per_s:,.0f} tok/s")
+        policies[spec.label] = aggregate(runs)
     base = policies["static"]
     ratios = {
         label: {"total_tokens_per_s": agg["total_tokens_per_s"] / base["total_tokens_per_s"],
@@ -88,16 +88,18 @@ def render(result: dict[str, Any]) -> list[str]:
              f"{result['measure_s']:g} s measured after {result['warmup_s']:g} s warm-up, seeds {result['seeds']}"]
     lines += [f"   {w}" for w in result["workload"]]
     head = (f"   {'policy':18} {'tok/s':>8} {'per tenant tok/s':>26} {'done':>6} {'req/s':>6} {'p99 s':>6} "
-            f"{'p99 per tenant s':>22} {'KV %':>5} {'busy':>5} {'final caps':>18} {'moves to':>12} {'holds':>5}")
+            f"{'p99 per tenant s':>22} {'KV %':>5} {'max in':>6} {'mean caps':>18} {'final caps':>18} {'moves to':>12} "
+            f"{'holds':>5}")
     lines.append(head)
     for label, agg in result["policies"].items():
         caps = ",".join(f"{k}:{v}" for k, v in agg["final_caps"].items())
         moves = ",".join(f"{k}:{v:.0f}" for k, v in agg["moves_to"].items())
+        mean_caps = ",".join(f"{k}:{v:.0f}" for k, v in agg["mean_caps"].items())
         lines.append(
             f"   {label:18} {agg['total_tokens_per_s']:8,.0f} {_fmt_map(agg['per_tenant_tokens_per_s']):>26} "
             f"{agg['completed_requests']:6.0f} {agg['requests_per_s']:6.1f} {agg['p99_latency_s']:6.2f} "
             f"{_fmt_map(agg['per_tenant_p99_latency_s'], 2):>22} {100 * agg['mean_kv_usage']:5.1f} "
-            f"{agg['engine_busy_frac']:5.2f} {caps:>18} {moves:>12} {agg['holds']:5.0f}")
+            f"{agg['max_in_flight']:6.0f} {mean_caps:>18} {caps:>18} {moves:>12} {agg['holds']:5.0f}")
     for label, r in result["ratios_vs_static"].items():
         lines.append(f"   {label} / static: throughput x{r['total_tokens_per_s']:.3f} "
                      f"({100 * (r['total_tokens_per_s'] - 1):+.1f} %), p99 x{r['p99_latency_s']:.3f} "

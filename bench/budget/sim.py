@@ -64,6 +64,8 @@ class PolicyRun:
     per_tenant_mean_wait_s: dict[str, float]
     mean_kv_usage: float
     engine_busy_frac: float
+    max_in_flight: int  # largest total in flight seen (<= B unless overcommit)
+    mean_caps: dict[str, float]  # caps averaged over the ticks of the window
     final_caps: dict[str, int]
     moves_to: dict[str, int]
     holds: int
@@ -82,7 +84,9 @@ def _config(scenario: Scenario) -> BudgetConfig:
         TenantConfig(t.name, t.floor, t.weight, t.p99_slo_s) for t in scenario.tenants))
 
 
-def run_policy(scenario: Scenario, label: str, policy: BudgetPolicy, seed: int) -> PolicyRun:
+def run_policy(scenario: Scenario, label: str, policy: BudgetPolicy, seed: int,
+               overcommit: bool = False) -> PolicyRun:
+    """``overcommit``: admit up to each limit without waiting for vacated slots (ablation)."""
     started = time.perf_counter()
     rng = random.Random(seed)
     end_s = scenario.warmup_s + scenario.measure_s
@@ -117,6 +121,7 @@ def run_policy(scenario: Scenario, label: str, policy: BudgetPolicy, seed: int) 
     alloc: Allocation | None = None
     now, next_tick, ai = 0.0, 0.0, 0
     preempt_start = 0
+    max_in_flight = 0
 
     def in_window(t: float) -> bool:
         return lo_s <= t < end_s
@@ -154,11 +159,13 @@ def run_policy(scenario: Scenario, label: str, policy: BudgetPolicy, seed: int) 
                 in_flight[n] += 1
         while True:  # into slots draining donors vacated (Allocation.admits), oldest head first
             heads = sorted((queues[n][0].arrival_s, n) for n in names if queues[n])
-            pick = next((n for _, n in heads if alloc.admits(n, in_flight)), None)
+            pick = next((n for _, n in heads if (in_flight[n] < alloc.limits[n] if overcommit
+                                                 else alloc.admits(n, in_flight))), None)
             if pick is None:
                 break
             admitted.append(queues[pick].popleft())
             in_flight[pick] += 1
+        max_in_flight = max(max_in_flight, sum(in_flight.values())) if now >= lo_s else max_in_flight
         for r in sorted(admitted, key=lambda r: (r.arrival_s, r.rid)):
             r.admitted_s = now
             live[r.rid] = r
@@ -207,6 +214,8 @@ def run_policy(scenario: Scenario, label: str, policy: BudgetPolicy, seed: int) 
         per_tenant_mean_wait_s={n: float(np.mean(waits[n])) if waits[n] else math.nan for n in names},
         mean_kv_usage=kv_area / span,
         engine_busy_frac=busy_s / span,
+        max_in_flight=max_in_flight,
+        mean_caps={n: float(np.mean([c[n] for _, c in timeline])) if timeline else math.nan for n in names},
         final_caps=dict(alloc.caps),
         moves_to=moves, holds=holds, ticks=ticks,
         preemptions=engine.num_preemptions_total - preempt_start,

@@ -69,6 +69,22 @@ class TenantLoad:
 
 
 @dataclass(frozen=True)
+class PolicySpec:
+    """One compared policy: a registry name, an optional SLO-boost override, and the
+    admission semantics. ``overcommit`` is an ablation, not the shipped behaviour: the router
+    admits up to each tenant's limit without waiting for donors to vacate slots (a client-side
+    semaphore whose cap is simply lowered), so the in-flight total can exceed B."""
+
+    label: str
+    registry: str
+    slo_boost: float | None = None
+    overcommit: bool = False
+
+
+STATIC_VS_DYNAMIC = (PolicySpec("static", "static"), PolicySpec("dynamic", "dynamic"))
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     description: str
@@ -78,8 +94,7 @@ class Scenario:
     warmup_s: float = 10.0
     measure_s: float = 90.0
     tick_s: float = 2.0
-    #: policies compared: name -> (registry policy, slo_boost override or None)
-    policies: tuple[tuple[str, str, float | None], ...] = (("static", "static", None), ("dynamic", "dynamic", None))
+    policies: tuple[PolicySpec, ...] = STATIC_VS_DYNAMIC
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def quick(self) -> Scenario:
@@ -96,6 +111,7 @@ STEADY_C = TenantLoad("C", "poisson", output_tokens=128, prompt_tokens=(128, 512
 SEED = Scenario(
     "seed", "seed 002: bursty chat A vs saturating batch B, B = 96, static {A:48, B:48} vs dynamic",
     (CHAT_A, BATCH_B),
+    policies=(*STATIC_VS_DYNAMIC, PolicySpec("dynamic-overcommit", "dynamic", overcommit=True)),
 )
 THREE = Scenario(
     "three-tenants", "third tenant C (steady interactive, 20 req/s, 128-token outputs); static split 32/32/32",
@@ -104,6 +120,7 @@ THREE = Scenario(
 SLO = Scenario(
     "slo", "A bursts above its fair share (110 req/s ON) with a 1.5 s p99 SLO; dynamic with and without SLO boost",
     (replace(CHAT_A, rate_per_s=110.0, p99_slo_s=1.5), BATCH_B),
-    policies=(("static", "static", None), ("dynamic-slo-blind", "dynamic", 1.0), ("dynamic", "dynamic", None)),
+    policies=(PolicySpec("static", "static"), PolicySpec("dynamic-slo-blind", "dynamic", slo_boost=1.0),
+              PolicySpec("dynamic", "dynamic")),
 )
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (SEED, THREE, SLO)}

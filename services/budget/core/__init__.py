@@ -1,0 +1,36 @@
+"""Pure tenant-budget controller (DESIGN §4): no I/O, no wall clock; time comes in as
+``BudgetState.now_s``. ``make_policy(name).reallocate(state) -> Allocation``."""
+
+from services.budget.core.model import (
+    Allocation,
+    BudgetConfig,
+    BudgetConfigError,
+    BudgetState,
+    ClusterObservation,
+    Decision,
+    TenantConfig,
+    TenantObservation,
+    may_admit,
+)
+from services.budget.core.policies import DynamicParams, DynamicPolicy, StaticPolicy, static_targets
+from services.budget.core.registry import POLICIES, BudgetPolicy, UnknownPolicyError, make_policy
+
+__all__ = [
+    "POLICIES",
+    "Allocation",
+    "BudgetConfig",
+    "BudgetConfigError",
+    "BudgetPolicy",
+    "BudgetState",
+    "ClusterObservation",
+    "Decision",
+    "DynamicParams",
+    "DynamicPolicy",
+    "StaticPolicy",
+    "TenantConfig",
+    "TenantObservation",
+    "UnknownPolicyError",
+    "make_policy",
+    "may_admit",
+    "static_targets",
+]

@@ -6,12 +6,14 @@ requests). Two numbers per tenant come out of every tick:
 - ``caps[t]``: the slots tenant ``t`` *holds*. ``sum(caps) == total`` always, every cap is
   at least its floor, and a cap is lowered only by slots the tenant is not using, so
   ``in_flight[t] <= caps[t]`` keeps holding and the in-flight total never exceeds B.
-- ``limits[t]``: the admission limit the router applies — admit a request of ``t`` only
-  while ``in_flight[t] < limits[t]``. ``floor[t] <= limits[t] <= caps[t]``. Where a limit is
-  below the cap the tenant is *draining*: it stops refilling, and the ``caps - limits``
-  slots it still occupies move to the tenant they are promised to as its requests finish
-  (never by preemption). Without this, a saturating tenant refills every slot the moment
-  it frees and a bursting neighbour could never win anything back.
+- ``limits[t]``: the admission ceiling the router applies. ``sum(limits) == total`` and
+  ``limits[t] >= floor[t]``. Below the cap the tenant is *draining*: it stops refilling and
+  the ``caps - limits`` slots it still occupies are promised to receivers, whose limits are
+  above their caps by what they were promised. The router admits a request of ``t`` when
+  ``in_flight[t] < limits[t]`` and either ``in_flight[t] < caps[t]`` or the request takes a
+  slot a draining donor has already vacated (exact rule: ``reconcile`` module docstring).
+  Without draining, a saturating tenant refills every slot the moment it frees and a
+  bursting neighbour could never win anything back; nothing is ever preempted.
 """
 
 from __future__ import annotations
@@ -152,7 +154,7 @@ class Decision:
 @dataclass(frozen=True)
 class Allocation:
     """The result of one tick. Invariants (checked here, so a bad allocation cannot exist):
-    ``sum(caps) == total``; ``0 <= limits[t] <= caps[t]``; caps and limits name the same
+    ``sum(caps) == sum(limits) == total``; caps and limits are >= 0 and name the same
     tenants. ``demand_envelope`` is the dynamic controller's memory (fast-rise, slow-decay
     demand per tenant), carried so a restarted service resumes exactly."""
 
@@ -175,18 +177,43 @@ class Allocation:
             raise ValueError(f"caps sum to {sum(self.caps.values())}, not the total {self.total}")
         if set(self.caps) != set(self.limits):
             raise ValueError("caps and limits must name the same tenants")
+        if sum(self.limits.values()) != self.total:
+            raise ValueError(f"limits sum to {sum(self.limits.values())}, not the total {self.total}")
         for name, cap in self.caps.items():
-            if not 0 <= self.limits[name] <= cap:
-                raise ValueError(f"tenant {name!r}: limit {self.limits[name]} outside [0, cap {cap}]")
+            if cap < 0 or self.limits[name] < 0:
+                raise ValueError(f"tenant {name!r}: cap {cap} and limit {self.limits[name]} must be >= 0")
 
     @property
     def moved_to(self) -> tuple[str, ...]:
         """Tenants that received slots this tick (empty: the tick was a hold)."""
         return tuple(sorted({d.to_tenant for d in self.decisions if d.kind == "move"}))
 
+    def admits(self, tenant: str, in_flight: Mapping[str, int]) -> bool:
+        """The router's admission rule for this allocation (``may_admit``)."""
+        return may_admit(tenant, self.caps, self.limits, in_flight)
+
     @property
     def is_hold(self) -> bool:
         return not self.moved_to
+
+
+def may_admit(tenant: str, caps: Mapping[str, int], limits: Mapping[str, int], in_flight: Mapping[str, int]) -> bool:
+    """The router's admission rule: may ``tenant`` start one more request now, given every
+    tenant's in-flight count? Yes when it is below its limit and either below its cap or the
+    request takes a slot a draining donor has already vacated:
+    ``sum_r max(0, in_flight[r] - caps[r]) < sum_d max(0, caps[d] - max(in_flight[d], limits[d]))``.
+    Keeps ``sum(in_flight) <= sum(caps)`` and never lends a tenant's own slots. A tenant
+    missing from ``caps`` is not limited (no allocation for it yet)."""
+    if tenant not in caps:
+        return True
+    mine = in_flight.get(tenant, 0)
+    if mine >= limits.get(tenant, caps[tenant]):
+        return False
+    if mine < caps[tenant]:
+        return True
+    overdraft = sum(max(0, in_flight.get(n, 0) - c) for n, c in caps.items())
+    vacated = sum(max(0, c - max(in_flight.get(n, 0), limits.get(n, c))) for n, c in caps.items())
+    return overdraft < vacated
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,24 @@
 """Moving caps toward targets without breaking the budget invariants.
 
-Both policies compute *targets* (where the caps should go); ``transfer`` moves the held
-caps toward them under rules that hold for every policy:
+Both policies compute *targets* (where the caps should go); ``transfer`` moves toward them
+under rules that hold for every policy. Two numbers per tenant (see ``model``): ``caps``
+(slots held) and ``limits`` (admission ceilings). Invariants of every allocation:
 
-1. ``sum(caps) == B`` — slots only move between tenants.
+1. ``sum(caps) == sum(limits) == B`` — slots only move between tenants.
 2. ``caps[t] >= floor[t]`` and ``limits[t] >= floor[t]`` — floors are never lent out, so a
    tenant that turns busy can admit ``floor`` requests at once.
-3. No preemption: a donor gives only slots it is not using, ``caps[t] >= max(floor,
-   in_flight)`` after a give, so ``in_flight <= caps`` and the in-flight total stays <= B.
-4. A donor whose target is below slots it is still *using* is drained instead: its
-   admission limit drops (never below its target), it stops refilling, and at later ticks
-   the slots it frees are moved.
-5. Per tick a receiver gains at most ``step`` slots (moves plus drains promised to it).
+3. No preemption: a cap drops only by slots its tenant is not using,
+   ``caps_new >= min(caps_old, max(floor, in_flight))``; after every tick
+   ``caps[t] >= in_flight[t]`` (a tenant that used vacated slots is settled first).
+4. A donor that is *using* slots above its target is drained: its limit drops below its cap
+   (never below its target) so it stops refilling; the receiver's limit rises by the same
+   amount (``limits[r] - caps[r]`` slots are *promised* to it). The router lets a receiver
+   exceed its cap only into slots its donors have already vacated:
+   ``sum_r max(0, in_flight[r] - caps[r]) < sum_d max(0, caps[d] - max(in_flight[d], limits[d]))``,
+   so the in-flight total never exceeds B and nobody's own slots are borrowed, while a freed
+   slot reaches the receiver the moment a request ends instead of at the next tick.
+5. Bounded step: per tick a receiver's limit grows by at most ``step`` slots over what it
+   could already admit (``max(previous limit, cap)``).
 """
 
 from __future__ import annotations
@@ -28,6 +35,14 @@ def unused_slots(cap: int, floor: int, obs: TenantObservation | None) -> int:
     if obs is None:
         return 0
     return max(0, cap - max(floor, obs.in_flight))
+
+
+def unobserved_in_transit(previous: Allocation | None, observed: Mapping[str, TenantObservation]) -> list[str]:
+    """Tenants with slots in transit (limit != cap: promised or draining) whose report is
+    missing. Their in-flight count decides what may be settled, so the tick must hold."""
+    if previous is None:
+        return []
+    return sorted(n for n, cap in previous.caps.items() if previous.limits[n] != cap and n not in observed)
 
 
 def normalise(
@@ -77,17 +92,36 @@ def normalise(
 def transfer(
     config: BudgetConfig,
     caps: Mapping[str, int],
+    prev_limits: Mapping[str, int],
     observed: Mapping[str, TenantObservation],
     targets: Mapping[str, int],
     receivers: Sequence[str],
     step: int,
     receiver_why: Mapping[str, str],
 ) -> tuple[dict[str, int], dict[str, int], list[Decision]]:
-    """Move unused slots from tenants above target to ``receivers`` (in the given priority
-    order), then drain busy donors for what is still missing. Returns (caps, limits,
-    decisions). Donors are taken idle ones first, then the furthest above target."""
+    """Settle slots receivers already use, move unused slots from tenants above target to
+    ``receivers`` (in the given priority order), then drain busy donors for what is still
+    missing. Returns (caps, limits, decisions). Donors: idle ones first, then the furthest
+    above target."""
     floors = {t.name: t.floor for t in config.tenants}
     new = dict(caps)
+    decisions: list[Decision] = []
+    free = {n: unused_slots(new[n], floors[n], observed.get(n)) for n in config.names}
+
+    # 1. settlement: slots a receiver already uses (vacated by its donors) become its own
+    for r in config.names:
+        over = (observed[r].in_flight - new[r]) if r in observed else 0
+        for d in sorted(config.names, key=lambda n: (prev_limits.get(n, new[n]) >= new[n], -free[n], n)):
+            k = min(over, free[d]) if d != r else 0
+            if k <= 0:
+                continue
+            new[r] += k
+            new[d] -= k
+            free[d] -= k
+            over -= k
+            decisions.append(Decision("move", f"settle: {r} already runs {k} requests in slots {d} vacated",
+                                      to_tenant=r, from_tenant=d, slots=k))
+
     excess = {n: max(0, new[n] - targets[n]) for n in config.names}
 
     def idle_first(n: str) -> tuple[bool, int, str]:
@@ -95,35 +129,34 @@ def transfer(
         return (obs is None or obs.demand > 0, -excess[n], n)
 
     donors = sorted((n for n in config.names if excess[n] > 0), key=idle_first)
-    give = {d: min(unused_slots(new[d], floors[d], observed.get(d)), excess[d]) for d in donors}
-    need = {r: max(0, min(targets[r] - new[r], step)) for r in receivers}
-    decisions: list[Decision] = []
+    give = {d: min(free[d], excess[d]) for d in donors}
+    want = {r: min(targets[r], max(prev_limits.get(r, caps[r]), caps[r]) + step) for r in receivers}
+    # 2. moves of unused slots
     for r in receivers:
         for d in donors:
-            k = min(need[r], give[d])
+            k = min(want[r] - new[r], give[d])
             if k <= 0:
                 continue
             new[r] += k
             new[d] -= k
             give[d] -= k
-            need[r] -= k
             decisions.append(Decision("move", f"{receiver_why[r]}; {_donor_why(d, new[d] + k, targets[d], observed.get(d))}",
                                       to_tenant=r, from_tenant=d, slots=k))
+    # 3. drains: promise a donor's busy slots above its target to the receiver
     limits = dict(new)
     for r in receivers:
         for d in donors:
-            room = limits[d] - max(targets[d], floors[d])
-            k = min(need[r], room)
+            k = min(want[r] - limits[r], limits[d] - max(targets[d], floors[d]))
             if k <= 0:
                 continue
             limits[d] -= k
-            need[r] -= k
+            limits[r] += k
             obs = observed.get(d)
             busy = obs.in_flight if obs is not None else new[d]
             decisions.append(Decision(
                 "drain",
                 f"{receiver_why[r]}; {d} is using its slots (in flight {busy}, cap {new[d]}, target {targets[d]}): "
-                f"admission limit {limits[d] + k}->{limits[d]}, slots move as its requests finish",
+                f"its limit {limits[d] + k}->{limits[d]}, {r} takes the slots as {d}'s requests finish",
                 to_tenant=r, from_tenant=d, slots=k,
             ))
     return new, limits, decisions

@@ -1,0 +1,1 @@
+"""Router overhead benchmark: added latency versus going straight to the replica."""

@@ -1,0 +1,5 @@
+import sys
+
+from bench.router.bench import main
+
+sys.exit(main())

@@ -1,0 +1,72 @@
+"""Processes of the router benchmark: Redis, one emulated replica, the router; CPU times."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+class Proc:
+    """A child process whose output is scanned for a line announcing its URL."""
+
+    def __init__(self, args: list[str], marker: str, env: dict[str, str] | None = None,
+                 timeout_s: float = 60.0) -> None:
+        self.args = args
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        self.url = ""
+        self.tail: list[str] = []
+        found = threading.Event()
+
+        def pump() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.tail = (self.tail + [line.rstrip()])[-20:]
+                if not found.is_set() and marker in line:
+                    self.url = line.strip().rsplit(" ", 1)[-1]
+                    found.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        deadline = time.monotonic() + timeout_s
+        while not found.wait(0.1):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{args[3:5]} did not start:\n" + "\n".join(self.tail))
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def start_replica(profile: str, time_scale: float) -> Proc:
+    return Proc([sys.executable, "-m", "services.cli", "vllm-sim", "--port", "0", "--profile", profile,
+                 "--time-scale", str(time_scale)], "vllm-sim listening on")
+
+
+def start_router(redis_url: str, replica_url: str, policy: str) -> Proc:
+    env = {"TAO_ROUTER_HOLD_TIMEOUT_S": "120", "TAO_ROUTER_LOG_FORMAT": "console"}
+    return Proc([sys.executable, "-m", "services.cli", "serve", "router", "--redis-url", redis_url, "--port", "0",
+                 "--http-port", "0", "--replica", replica_url, "--policy", policy, "--log-level", "warning"],
+                "tao router gateway on", env=env)

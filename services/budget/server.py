@@ -1,0 +1,94 @@
+"""`tao serve budget`: the shared bootstrap around the budget service.
+
+Health is SERVING once the configuration and last allocation have been read back from
+Redis (and Redis answers). The tick loop starts after that; tests pass ``autotick=False``
+and a ``VirtualClock`` and drive ``app.service.tick_once()`` themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+
+from services.budget.service import BudgetService, BudgetServicer
+from services.budget.settings import Settings, TenantSpec
+from services.common.bootstrap import ServiceApp, ServiceContext
+from services.common.clock import Clock, WallClock
+from tao.budget.v1 import budget_pb2_grpc
+
+__all__ = ["BudgetApp", "Settings", "add_cli_arguments", "build_app", "settings_overrides"]
+
+
+class BudgetApp:
+    grpc_service_names: Sequence[str] = ("tao.budget.v1.BudgetService",)
+
+    def __init__(self, settings: Settings, clock: Clock | None = None,
+                 to_unix: Callable[[float], float] | None = None, autotick: bool = True) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._to_unix = to_unix
+        self.autotick = autotick
+        self.service: BudgetService | None = None
+        self._loop: asyncio.Task[None] | None = None
+
+    async def start(self, server: grpc.aio.Server, ctx: ServiceContext) -> None:
+        clock: Clock = self._clock or ctx.clock
+        to_unix = self._to_unix
+        if to_unix is None:
+            offset = WallClock.wall() - clock.now()
+            to_unix = lambda t: t + offset  # noqa: E731
+        svc = BudgetService(self.settings, ctx.redis, ctx.epoch, clock, to_unix, ctx.log, ctx.metrics)
+        self.service = svc
+        await svc.resume()
+        budget_pb2_grpc.add_BudgetServiceServicer_to_server(BudgetServicer(svc), server)
+        if self.autotick:
+            self._loop = asyncio.create_task(svc.run(), name="budget-tick")
+
+    async def ready(self) -> bool:
+        return self.service is not None and self.service.resumed
+
+    async def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop
+            self._loop = None
+
+
+def build_app(settings: Settings) -> ServiceApp:
+    return BudgetApp(settings)
+
+
+def _tenant(spec: str) -> TenantSpec:
+    """NAME[:FLOOR[:WEIGHT]]"""
+    parts = spec.split(":")
+    if not parts[0] or len(parts) > 3:
+        raise argparse.ArgumentTypeError(f"expected NAME[:FLOOR[:WEIGHT]], got {spec!r}")
+    try:
+        floor = int(parts[1]) if len(parts) > 1 else 0
+        weight = float(parts[2]) if len(parts) > 2 else 1.0
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"bad tenant {spec!r}: {exc}") from exc
+    return TenantSpec(name=parts[0], floor=floor, weight=weight)
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tick-s", type=float, default=None, help="reallocation period (default 2 s)")
+    parser.add_argument("--policy", default=None, help="static | dynamic")
+    parser.add_argument("--total-budget", type=int, default=None, help="B, when no configuration is stored")
+    parser.add_argument("--tenant", action="append", type=_tenant, default=None, metavar="NAME[:FLOOR[:WEIGHT]]",
+                        help="a tenant (repeat), when no configuration is stored")
+
+
+def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "tick_s": getattr(args, "tick_s", None),
+        "policy": getattr(args, "policy", None),
+        "total_budget": getattr(args, "total_budget", None),
+        "tenants": getattr(args, "tenant", None),
+    }

@@ -1,0 +1,80 @@
+"""Budget service settings (env prefix ``TAO_BUDGET_``; flags of ``tao serve budget`` override).
+
+The tenant set can come from here (``total_budget`` + ``tenants``) but a configuration stored
+in Redis by an earlier ``ConfigureTenants`` wins at start-up: that is how a restarted
+service resumes. Without either, the service waits for ``ConfigureTenants``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from services.budget.core import POLICIES, BudgetConfig, BudgetConfigError, DynamicParams, TenantConfig
+from services.common.settings import ServiceSettings
+
+
+class TenantSpec(BaseModel):
+    """One tenant as written in a config file (same fields as the proto ``TenantConfig``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    floor: int = Field(default=0, ge=0)
+    weight: float = Field(default=1.0, gt=0.0)
+    p99_slo_s: float = Field(default=0.0, ge=0.0, description="0: no SLO")
+    static_cap: int = Field(default=0, ge=0, description="0: weighted split under the static policy")
+
+
+class Settings(ServiceSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TAO_BUDGET_", extra="forbid", validate_default=True, env_nested_delimiter="__"
+    )
+    service_name: ClassVar[str] = "budget"
+
+    tick_s: float = Field(default=2.0, gt=0.0, le=3600.0, description="reallocation period")
+    policy: str = Field(default="dynamic", description="static | dynamic (until SetPolicy changes it)")
+    total_budget: int | None = Field(default=None, gt=0, description="B when no configuration is stored")
+    tenants: list[TenantSpec] = Field(default_factory=list, description="tenants when none are stored")
+    demand_stale_s: float = Field(default=10.0, gt=0.0, description="older demand reports are ignored")
+    step_frac: float = Field(default=0.25, gt=0.0, le=1.0, description="max gain per tick, fraction of B")
+    min_move_slots: int = Field(default=2, ge=1, description="hysteresis: smaller gaps are held")
+    headroom_frac: float = Field(default=0.10, ge=0.0, le=10.0)
+    release_per_tick: float = Field(default=0.25, ge=0.0, le=1.0, description="demand envelope decay")
+    slo_boost: float = Field(default=4.0, ge=1.0, le=100.0)
+    kv_saturation_frac: float = Field(default=0.98, gt=0.0, le=1.0)
+    watch_queue_size: int = Field(default=64, ge=1, description="allocations buffered per slow watcher")
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        if value not in POLICIES:
+            raise ValueError(f"unknown policy {value!r}; choose one of: {', '.join(sorted(POLICIES))}")
+        return value
+
+    @model_validator(mode="after")
+    def _check_tenants(self) -> Settings:
+        if bool(self.tenants) != (self.total_budget is not None):
+            raise ValueError("total_budget and tenants must be given together")
+        self.initial_config()  # raises with the exact reason
+        return self
+
+    def initial_config(self) -> BudgetConfig | None:
+        if self.total_budget is None:
+            return None
+        try:
+            return BudgetConfig(self.total_budget, tuple(
+                TenantConfig(t.name, t.floor, t.weight, t.p99_slo_s or None, t.static_cap or None)
+                for t in self.tenants
+            ))
+        except BudgetConfigError as exc:
+            raise ValueError(str(exc)) from exc
+
+    def dynamic_params(self) -> DynamicParams:
+        return DynamicParams(
+            step_frac=self.step_frac, min_move_slots=self.min_move_slots, headroom_frac=self.headroom_frac,
+            release_per_tick=self.release_per_tick, slo_boost=self.slo_boost,
+            kv_saturation_frac=self.kv_saturation_frac, stale_after_s=self.demand_stale_s,
+        )

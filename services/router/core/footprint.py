@@ -1,0 +1,55 @@
+"""Token statistics and the footprint f(s) (DESIGN §3).
+
+f(s) = context + expected output, where context = last prompt + last output + expected next
+append (EWMA of appends) and expected output = EWMA of outputs. While a request is held its
+prompt estimate replaces the context when larger (the request itself says how big the next
+context is). Before any request has completed the expected output is
+``min(max_tokens, default_output_tokens)``.
+"""
+
+from __future__ import annotations
+
+from services.router.core.model import CoreConfig, Session, TokenStats
+
+
+def _ewma(previous: float, sample: float, alpha: float, first: bool) -> float:
+    return float(sample) if first else alpha * sample + (1.0 - alpha) * previous
+
+
+def observe_request(stats: TokenStats, prompt_tokens: int, output_tokens: int, alpha: float) -> TokenStats:
+    """Stats after a completed request of ``prompt_tokens`` in / ``output_tokens`` out.
+
+    The append of turn i is its prompt minus the previous context (clamped at 0: a harness may
+    truncate history). The first request has no previous context, so no append sample."""
+    prompt_tokens = max(0, prompt_tokens)
+    output_tokens = max(0, output_tokens)
+    first = stats.requests == 0
+    ewma_append = stats.ewma_append_tokens
+    if not first:
+        append = max(0, prompt_tokens - stats.context_tokens)
+        ewma_append = _ewma(ewma_append, append, alpha, stats.requests == 1)
+    return TokenStats(
+        requests=stats.requests + 1,
+        last_prompt_tokens=prompt_tokens,
+        last_output_tokens=output_tokens,
+        ewma_output_tokens=_ewma(stats.ewma_output_tokens, output_tokens, alpha, first),
+        ewma_append_tokens=ewma_append,
+    )
+
+
+def expected_output_tokens(session: Session, config: CoreConfig) -> int:
+    if session.tokens.requests > 0:
+        expected = round(session.tokens.ewma_output_tokens)
+    else:
+        expected = config.default_output_tokens
+    if session.pending_max_tokens is not None:
+        expected = min(expected, session.pending_max_tokens)
+    return max(0, expected)
+
+
+def footprint_tokens(session: Session, config: CoreConfig) -> int:
+    """f(s) in tokens (see the module docstring)."""
+    context = session.tokens.context_tokens + session.tokens.expected_append_tokens
+    if session.held > 0:
+        context = max(context, session.pending_prompt_tokens)
+    return context + expected_output_tokens(session, config)

@@ -1,0 +1,253 @@
+"""The router's domain types: frozen dataclasses, exact integer tokens, times in seconds on
+the router's clock (``now_s`` passed in; the adapters convert to Unix seconds for Redis).
+
+Phases (DESIGN §3) are derived, never stored independently (``phase_of``):
+RUNNING while a request is in flight, else WAITING while a request is held, else ACTING when
+admitted (a tool runs), else PAUSED (gating policies: the next request will be held) or
+ACTING (per-request policies: nothing is held, so "paused" would be misleading). ENDED
+sessions are removed from the table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Phase = Literal["WAITING", "RUNNING", "ACTING", "PAUSED", "ENDED"]
+EvidenceKind = Literal["kv_events", "cached_tokens", "volume"]
+
+
+@dataclass(frozen=True, slots=True)
+class CoreConfig:
+    """Tunables of the router core (the adapter fills them from ``Settings``)."""
+
+    #: admissible fraction of a replica's KV tokens (DESIGN §3: default 0.95)
+    target_utilisation: float = 0.95
+    #: weight of the newest sample in the output/append EWMAs
+    ewma_alpha: float = 0.3
+    #: expected output before a session has completed a request (capped by max_tokens)
+    default_output_tokens: int = 256
+    #: sessions idle (nothing held or in flight) this long end
+    session_ttl_s: float = 600.0
+    #: admission comes from plans (True) or every request is routed at once (False)
+    gating: bool = True
+    #: a session keeps its replica between requests (per-request policies may say False)
+    sticky: bool = True
+    #: a request tries at most this many replicas before its first byte
+    max_attempts: int = 3
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.target_utilisation <= 1.0:
+            raise ValueError(f"target_utilisation must be in (0, 1], got {self.target_utilisation}")
+        if not 0.0 < self.ewma_alpha <= 1.0:
+            raise ValueError(f"ewma_alpha must be in (0, 1], got {self.ewma_alpha}")
+        if self.default_output_tokens < 1 or self.max_attempts < 1 or self.session_ttl_s <= 0:
+            raise ValueError("default_output_tokens, max_attempts and session_ttl_s must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenStats:
+    """What a session's completed requests taught us about its size (DESIGN §3 footprint)."""
+
+    requests: int = 0
+    last_prompt_tokens: int = 0
+    last_output_tokens: int = 0
+    ewma_output_tokens: float = 0.0
+    ewma_append_tokens: float = 0.0
+
+    @property
+    def context_tokens(self) -> int:
+        """Tokens of the context after the last request (its prompt + its output)."""
+        return self.last_prompt_tokens + self.last_output_tokens
+
+    @property
+    def expected_append_tokens(self) -> int:
+        return round(self.ewma_append_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEvidence:
+    """The latest observation of a session's cache on one replica (DESIGN §4 evidence).
+
+    ``resident_tokens`` is k0 for ``cached_tokens`` evidence (the whole context the last
+    request on the replica computed or hit, i.e. its prompt + output). For ``volume``
+    evidence (the replica never reports cached tokens) ``volume_tokens`` is what the planner
+    multiplies by the replica's observed prefix hit rate.
+    """
+
+    replica: str
+    kind: EvidenceKind
+    resident_tokens: int
+    prompt_tokens: int
+    cached_tokens: int
+    processed_tokens: int
+    observed_at_s: float
+
+    @property
+    def volume_tokens(self) -> int:
+        """Processed volume bounded by what can be resident (the last context on the replica)."""
+        return min(self.processed_tokens, self.resident_tokens)
+
+
+@dataclass(slots=True)
+class Session:
+    """One agent session. Invariants: ``admitted`` implies ``replica`` is set; ``in_flight``
+    and ``held`` are >= 0; ``placed_s`` is the last time admission or replica changed.
+
+    The one mutable record of the core: it is the core's own state, updated in place on the
+    request path (copying a 20-field record several times per request showed up in the
+    profile). Only the core writes it; adapters read it; everything the core hands out as a
+    decision (grants, reports, snapshots) is frozen."""
+
+    id: str
+    tenant: str
+    created_s: float
+    updated_s: float
+    placed_s: float
+    single_turn: bool = False
+    replica: str | None = None
+    admitted: bool = False
+    pause_pending: bool = False
+    in_flight: int = 0
+    held: int = 0
+    tokens: TokenStats = field(default_factory=TokenStats)
+    cache: tuple[CacheEvidence, ...] = ()
+    #: prompt estimate of the largest held request (0 when none held)
+    pending_prompt_tokens: int = 0
+    #: smallest max_tokens among held requests (None when not given)
+    pending_max_tokens: int | None = None
+    waiting_since_s: float | None = None
+    acting_since_s: float | None = None
+    last_cached_tokens: int = 0
+    last_ttft_s: float | None = None
+    footprint_tokens: int = 0
+    #: a replica failed under this session: its next requests avoid it until re-placed
+    avoid: frozenset[str] = frozenset()
+
+    @property
+    def idle(self) -> bool:
+        return self.in_flight == 0 and self.held == 0
+
+
+def phase_of(s: Session, gating: bool) -> Phase:
+    """The DESIGN §3 phase of ``s`` (see the module docstring)."""
+    if s.in_flight > 0:
+        return "RUNNING"
+    if s.held > 0:
+        return "WAITING"
+    if s.admitted or not gating:
+        return "ACTING"
+    return "PAUSED"
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """A replica as the core sees it. ``kv_capacity_tokens`` 0 means not known yet."""
+
+    id: str
+    url: str
+    kv_capacity_tokens: int = 0
+    healthy: bool = False
+    draining: bool = False
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_hit_rate: float = 0.0
+    #: the replica has returned ``prompt_tokens_details`` at least once
+    reports_cached_tokens: bool = False
+    models: tuple[str, ...] = ()
+
+    def capacity_tokens(self, target_utilisation: float) -> int:
+        return int(self.kv_capacity_tokens * target_utilisation)
+
+    @property
+    def usable(self) -> bool:
+        """May receive new admissions and requests."""
+        return self.healthy and not self.draining and self.kv_capacity_tokens > 0
+
+
+@dataclass(frozen=True, slots=True)
+class NewRequest:
+    """A request arriving at the gateway (already authenticated and validated)."""
+
+    request_id: str
+    session_id: str
+    tenant: str
+    single_turn: bool
+    prompt_tokens_estimate: int
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HeldRequest:
+    request_id: str
+    session_id: str
+    tenant: str
+    arrived_s: float
+    prompt_tokens_estimate: int
+    max_tokens: int | None
+    attempts: int = 0
+    exclude: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    request_id: str
+    session_id: str
+    tenant: str
+    replica: str
+    started_s: float
+    held: HeldRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Forward ``request_id`` to ``replica`` now (its slot is already taken)."""
+
+    request_id: str
+    session_id: str
+    replica: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """``usage`` of a completed request. ``cached_tokens`` is None when the response had no
+    ``prompt_tokens_details`` (vLLM omits it unless enabled, the emulator when it is 0)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlanDecision:
+    """A plan to apply: from the planner (already fenced by its stamp) or the local fallback.
+
+    ``snapshot_at_s`` is when the plan's input was read (router clock): an assignment for a
+    session whose placement changed after it is stale and rejected."""
+
+    assignments: tuple[tuple[str, str], ...]
+    pauses: tuple[str, ...]
+    snapshot_at_s: float
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyReport:
+    admitted: tuple[tuple[str, str], ...] = ()
+    paused: tuple[str, ...] = ()
+    pause_deferred: tuple[str, ...] = ()
+    rejected: tuple[tuple[str, str], ...] = ()  # (session, reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Dirty:
+    """What changed since the last ``take_dirty`` (the write-behind store's work list)."""
+
+    sessions: frozenset[str]
+    ended: frozenset[str]
+    tenants: frozenset[str]
+    replicas: frozenset[str]
+    #: session ids whose pool membership or pool state changed (published to the planner)
+    pool: frozenset[str]

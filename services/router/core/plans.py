@@ -1,0 +1,122 @@
+"""Plan revalidation and application, and the human-readable admission reason (DESIGN §4).
+
+A plan was computed from a snapshot that is already old when it arrives. Each part is
+applied only if it still holds against live state:
+- pauses first (they free room for the assignments, as the planner assumed): the session
+  must still be admitted and not re-placed since the snapshot. ACTING (and admitted but
+  held) sessions leave at once; RUNNING ones are marked and leave when their request ends —
+  nothing in flight is ever cut;
+- then assignments, in plan order: the session still exists, is unplaced, not RUNNING, and
+  its placement has not changed since the snapshot; the replica is known, healthy, not
+  draining, has a known capacity and room for the session's footprint now, and has not just
+  failed under this session.
+Plan-level fencing (epoch + revision, ``services.common.epoch.StampFence``) happens before,
+in the adapter, for planner plans; the local fallback's plans are not stamped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from services.router.core.model import ApplyReport, PlanDecision
+
+if TYPE_CHECKING:
+    from services.router.core.state import RouterCore
+
+
+def apply_plan(core: RouterCore, now_s: float, plan: PlanDecision) -> ApplyReport:
+    if not core.config.gating:
+        reason = "per-request policy: plans are not used"
+        return ApplyReport(rejected=tuple((a[0], reason) for a in plan.assignments))
+    rejected: list[tuple[str, str]] = []
+    paused: list[str] = []
+    deferred: list[str] = []
+    admitted: list[tuple[str, str]] = []
+    for sid in plan.pauses:
+        s = core.sessions.get(sid)
+        if s is None or not s.admitted:
+            rejected.append((sid, "pause: not admitted"))
+            continue
+        if s.placed_s > plan.snapshot_at_s:
+            rejected.append((sid, "pause: placement changed after the snapshot"))
+            continue
+        if s.in_flight > 0:
+            core._put(replace(s, pause_pending=True))
+            deferred.append(sid)
+        else:
+            core._put(core._unadmit(s, now_s))
+            core.last_reject[sid] = f"paused by plan ({plan.source})"
+            paused.append(sid)
+    for sid, rid in plan.assignments:
+        problem = _check_assignment(core, sid, rid, plan.snapshot_at_s)
+        if problem is not None:
+            rejected.append((sid, problem))
+            if sid in core.sessions:
+                core.last_reject[sid] = f"plan ({plan.source}) rejected: {problem}"
+            continue
+        s = core.sessions[sid]
+        core._put(replace(s, admitted=True, replica=rid, placed_s=now_s, pause_pending=False))
+        core.last_reject.pop(sid, None)
+        admitted.append((sid, rid))
+    return ApplyReport(tuple(admitted), tuple(paused), tuple(deferred), tuple(rejected))
+
+
+def _check_assignment(core: RouterCore, sid: str, rid: str, snapshot_at_s: float) -> str | None:
+    s = core.sessions.get(sid)
+    if s is None:
+        return "session unknown or ended"
+    if s.admitted:
+        return f"already admitted on {s.replica}"
+    if s.in_flight > 0:
+        return "request in flight"
+    if s.placed_s > snapshot_at_s:
+        return "placement changed after the snapshot"
+    rep = core.replicas.get(rid)
+    if rep is None:
+        return f"unknown replica {rid}"
+    if not rep.healthy:
+        return f"replica {rid} unhealthy"
+    if rep.draining:
+        return f"replica {rid} draining"
+    if rep.kv_capacity_tokens <= 0:
+        return f"replica {rid} capacity unknown"
+    if rid in s.avoid:
+        return f"replica {rid} failed under this session"
+    free = core.capacity(rid) - core.used.get(rid, 0)
+    if s.footprint_tokens > free:
+        return f"no room on {rid}: footprint {s.footprint_tokens} > free {free} tokens"
+    return None
+
+
+def explain(core: RouterCore, session_id: str) -> str:
+    """Why the session is (not) admitted / (not) forwarded right now."""
+    s = core.sessions.get(session_id)
+    if s is None:
+        return "unknown or ended"
+    phase = core.phase(s)
+    extra = core.last_reject.get(session_id)
+    if phase == "RUNNING":
+        text = f"running on {s.replica or 'a failed replica'}: {s.in_flight} request(s) in flight"
+        if s.pause_pending:
+            text += "; pauses when its request ends"
+        return text
+    if phase == "WAITING":
+        if s.admitted and s.replica is not None:
+            rep = core.replicas.get(s.replica)
+            if rep is None or not rep.healthy:
+                return f"held: replica {s.replica} unhealthy"
+            if s.pause_pending:
+                return "held: pause pending"
+            cap = (core.caps or {}).get(s.tenant)
+            if cap is not None and core.tenant_in_flight.get(s.tenant, 0) >= cap:
+                return f"held: tenant {s.tenant} at cap {cap}"
+            return f"held: about to be forwarded to {s.replica}"
+        if not core.config.gating:
+            return f"held: {extra or 'no healthy replica'}"
+        return "held: waiting for admission" + (f" ({extra})" if extra else "")
+    if s.admitted:
+        return f"admitted on {s.replica}; between requests"
+    if phase == "ACTING":
+        return "between requests; routed per request"
+    return "paused: not admitted; its next request will be held" + (f" ({extra})" if extra else "")

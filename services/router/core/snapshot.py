@@ -1,0 +1,69 @@
+"""Build the planner's ``Snapshot`` (contract A) from the router's live state.
+
+Used by the local fallback policy (planner silent) and by per-request policies at request
+arrival. Times stay on the router's clock. A replica is reported healthy only when it may
+receive new sessions (healthy, not draining, capacity known for gating policies), so no
+policy places anything on a draining or failed replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from services.planner.core.model import CreditEvidence, ReplicaState, SessionState, Snapshot
+from services.router.core.cache import credit_tokens
+
+if TYPE_CHECKING:
+    from services.router.core.state import RouterCore
+
+
+def build_snapshot(
+    core: RouterCore,
+    now_s: float,
+    readiness: Mapping[str, bool],
+    only: Iterable[str] | None = None,
+) -> Snapshot:
+    """Snapshot at ``now_s``; ``readiness`` holds predicted readiness per session (a session
+    with a held request is always ready); ``only`` restricts the sessions listed."""
+    replicas = tuple(
+        ReplicaState(
+            id=r.id,
+            capacity_tokens=r.capacity_tokens(core.config.target_utilisation),
+            used_tokens=max(0, core.used.get(r.id, 0)),
+            healthy=core.eligible(r),
+            # the router's own in-flight count is live; the scraped one lags a scrape period
+            running=max(r.running, core.replica_in_flight.get(r.id, 0)),
+            waiting=r.waiting,
+            prefix_hit_rate=min(1.0, max(0.0, r.prefix_hit_rate)),
+        )
+        for r in sorted(core.replicas.values(), key=lambda r: r.id)
+    )
+    known = core.replicas
+    ids = sorted(core.sessions) if only is None else list(only)
+    sessions = []
+    for sid in ids:
+        s = core.sessions.get(sid)
+        if s is None:
+            continue
+        admitted = s.admitted and s.replica in known
+        sessions.append(
+            SessionState(
+                id=s.id,
+                tenant=s.tenant,
+                footprint_tokens=s.footprint_tokens,
+                ready=s.held > 0 or bool(readiness.get(s.id, False)),
+                credits=tuple(
+                    CreditEvidence(e.replica, credit_tokens(e), e.observed_at_s, e.kind)
+                    for e in s.cache
+                    if e.replica in known
+                ),
+                phase=core.phase(s),
+                replica=s.replica if admitted else None,
+                admitted=admitted,
+                context_tokens=s.tokens.context_tokens,
+                acting_since_s=s.acting_since_s,
+                waiting_since_s=s.waiting_since_s,
+            )
+        )
+    return Snapshot(now_s=now_s, replicas=replicas, sessions=tuple(sessions), tenant_headroom=core.tenant_headroom())

@@ -1,0 +1,469 @@
+"""The router's live state and its transitions (pure: no I/O, time passed in).
+
+``RouterCore`` owns sessions, replicas, held and in-flight requests and tenant slots. Every
+event method updates the state and returns what the adapter must do (grants, cancelled
+requests); ``take_dirty`` hands the write-behind store what changed.
+
+Invariants (checked by the unit tests after every event):
+- ``used[n]`` = Σ footprint of sessions admitted on n;
+- a request is either held or in flight, never both; tenant and session counters match;
+- a request is granted only when its session is admitted on a healthy replica (gating
+  policies: by a plan; per-request policies: routed at once) and its tenant has a free slot
+  (in flight < cap; no caps known -> unlimited; a tenant absent from the caps -> unlimited);
+- nothing in flight is ever preempted: pauses of RUNNING sessions wait for request end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from services.planner.core.model import Snapshot
+from services.planner.core.policy import Policy
+from services.router.core import plans
+from services.router.core.cache import drop_replica, observe_usage
+from services.router.core.footprint import footprint_tokens, observe_request
+from services.router.core.model import (
+    ApplyReport,
+    CoreConfig,
+    Dirty,
+    Grant,
+    HeldRequest,
+    InFlight,
+    NewRequest,
+    PlanDecision,
+    Replica,
+    Session,
+    Usage,
+    phase_of,
+)
+from services.router.core.snapshot import build_snapshot
+
+
+class SessionConflict(ValueError):
+    """The session id belongs to another tenant."""
+
+
+class UnknownSession(LookupError):
+    pass
+
+
+class SessionBusy(RuntimeError):
+    """A request of the session is in flight and the release was not forced."""
+
+
+class RouterCore:
+    def __init__(self, config: CoreConfig, policy: Policy | None = None) -> None:
+        """``policy`` routes requests when ``config.gating`` is False (a per-request policy)."""
+        if not config.gating and policy is None:
+            raise ValueError("a per-request (non-gating) router needs its policy")
+        self.config = config
+        self.policy = policy
+        self.sessions: dict[str, Session] = {}
+        self.replicas: dict[str, Replica] = {}
+        self.used: dict[str, int] = {}
+        self._contrib: dict[str, tuple[str, int] | None] = {}  # session -> (replica, footprint) counted in used
+        self.held: dict[str, HeldRequest] = {}  # insertion order is arrival order (FIFO)
+        self._held_by_tenant: dict[str, dict[str, HeldRequest]] = {}  # the same, per tenant
+        self.in_flight: dict[str, InFlight] = {}
+        self.tenant_in_flight: dict[str, int] = {}
+        self.replica_in_flight: dict[str, int] = {}
+        self.tenant_held: dict[str, int] = {}
+        self.caps: dict[str, int] | None = None
+        self.last_reject: dict[str, str] = {}
+        self._d_sessions: set[str] = set()
+        self._d_ended: set[str] = set()
+        self._d_tenants: set[str] = set()
+        self._d_replicas: set[str] = set()
+        self._d_pool: set[str] = set()
+
+    # ------------------------------------------------------------------ bookkeeping helpers
+
+    def _put(self, s: Session, pool_changed: bool = False) -> None:
+        """Store ``s`` (new or changed in place) and keep ``used`` and the dirty sets right."""
+        s.footprint_tokens = footprint_tokens(s, self.config)
+        known = s.id in self._contrib
+        old = self._contrib.get(s.id)
+        new = (s.replica, s.footprint_tokens) if s.admitted and s.replica is not None else None
+        if old != new:
+            if old is not None:
+                self.used[old[0]] = self.used.get(old[0], 0) - old[1]
+                self._d_replicas.add(old[0])
+            if new is not None:
+                self.used[new[0]] = self.used.get(new[0], 0) + new[1]
+                self._d_replicas.add(new[0])
+        self._contrib[s.id] = new
+        self.sessions[s.id] = s
+        self._d_sessions.add(s.id)
+        self._d_ended.discard(s.id)
+        if pool_changed or not known or (old is None) != (new is None):
+            self._d_pool.add(s.id)
+
+    def _end(self, session_id: str) -> Session | None:
+        old = self.sessions.pop(session_id, None)
+        if old is None:
+            return None
+        contrib = self._contrib.pop(session_id, None)
+        if contrib is not None:
+            self.used[contrib[0]] = self.used.get(contrib[0], 0) - contrib[1]
+            self._d_replicas.add(contrib[0])
+        self._d_sessions.discard(session_id)
+        self._d_ended.add(session_id)
+        self._d_pool.add(session_id)
+        self.last_reject.pop(session_id, None)
+        return old
+
+    def _bump(self, counter: dict[str, int], tenant: str, delta: int) -> None:
+        counter[tenant] = counter.get(tenant, 0) + delta
+        self._d_tenants.add(tenant)
+
+    def _unadmit(self, s: Session, now_s: float, avoid: str | None = None) -> Session:
+        self._unadmit_in_place(s, now_s, avoid)
+        return s
+
+    @staticmethod
+    def _unadmit_in_place(s: Session, now_s: float, avoid: str | None = None) -> None:
+        s.admitted = False
+        s.replica = None
+        s.pause_pending = False
+        s.placed_s = now_s
+        if avoid:
+            s.avoid = s.avoid | {avoid}
+
+    def capacity(self, replica_id: str) -> int:
+        rep = self.replicas.get(replica_id)
+        return 0 if rep is None else rep.capacity_tokens(self.config.target_utilisation)
+
+    def eligible(self, rep: Replica) -> bool:
+        """May receive new sessions: gating needs a known capacity, per-request routing does not."""
+        return rep.usable if self.config.gating else rep.healthy and not rep.draining
+
+    def phase(self, s: Session) -> str:
+        return phase_of(s, self.config.gating)
+
+    @property
+    def pool_dirty(self) -> bool:
+        """The pool changed since the last ``take_dirty`` (the planner should hear soon)."""
+        return bool(self._d_pool)
+
+    def take_dirty(self) -> Dirty:
+        d = Dirty(frozenset(self._d_sessions), frozenset(self._d_ended), frozenset(self._d_tenants),
+                  frozenset(self._d_replicas), frozenset(self._d_pool))
+        self._d_sessions, self._d_ended, self._d_tenants = set(), set(), set()
+        self._d_replicas, self._d_pool = set(), set()
+        return d
+
+    # ------------------------------------------------------------------------- requests
+
+    def arrive(self, now_s: float, req: NewRequest) -> Grant | None:
+        """A validated request arrives; returns its grant when it may go now, else it is held."""
+        s = self.sessions.get(req.session_id)
+        if s is None:
+            s = Session(id=req.session_id, tenant=req.tenant, created_s=now_s, updated_s=now_s, placed_s=now_s,
+                        single_turn=req.single_turn)
+        elif s.tenant != req.tenant:
+            raise SessionConflict(f"session {req.session_id!r} belongs to another tenant")
+        held = HeldRequest(req.request_id, req.session_id, req.tenant, now_s, req.prompt_tokens_estimate,
+                           req.max_tokens)
+        self._hold(held)
+        if s.held == 0:
+            s.pending_prompt_tokens = req.prompt_tokens_estimate
+            s.pending_max_tokens = req.max_tokens
+            s.waiting_since_s = now_s
+        else:
+            s.pending_prompt_tokens = max(s.pending_prompt_tokens, req.prompt_tokens_estimate)
+            if req.max_tokens is not None:
+                s.pending_max_tokens = req.max_tokens if s.pending_max_tokens is None else min(
+                    s.pending_max_tokens, req.max_tokens)
+        s.held += 1
+        s.updated_s = now_s
+        self._put(s, pool_changed=not s.admitted)
+        if not self.config.gating:
+            self._route([s.id], now_s)
+        return self._try_grant(held, now_s)
+
+    def _hold(self, req: HeldRequest, front: bool = False) -> None:
+        mine = self._held_by_tenant.setdefault(req.tenant, {})
+        if front:  # a retried request keeps its place at the front
+            self.held = {req.request_id: req, **self.held}
+            self._held_by_tenant[req.tenant] = {req.request_id: req, **mine}
+        else:
+            self.held[req.request_id] = req
+            mine[req.request_id] = req
+        self._bump(self.tenant_held, req.tenant, 1)
+
+    def _unhold(self, request_id: str) -> HeldRequest | None:
+        req = self.held.pop(request_id, None)
+        if req is not None:
+            self._held_by_tenant[req.tenant].pop(request_id, None)
+            self._bump(self.tenant_held, req.tenant, -1)
+        return req
+
+    def _slot_free(self, tenant: str) -> bool:
+        if self.caps is None or tenant not in self.caps:
+            return True
+        return self.tenant_in_flight.get(tenant, 0) < self.caps[tenant]
+
+    def _try_grant(self, req: HeldRequest, now_s: float) -> Grant | None:
+        s = self.sessions.get(req.session_id)
+        if s is None or not s.admitted or s.replica is None or s.pause_pending:
+            return None
+        rep = self.replicas.get(s.replica)
+        if rep is None or not rep.healthy or s.replica in req.exclude:
+            return None
+        if not self._slot_free(req.tenant):
+            return None
+        self._unhold(req.request_id)
+        self._bump(self.tenant_in_flight, req.tenant, 1)
+        replica = s.replica
+        self.replica_in_flight[replica] = self.replica_in_flight.get(replica, 0) + 1
+        self.in_flight[req.request_id] = InFlight(req.request_id, s.id, req.tenant, replica, now_s, req)
+        s.held -= 1
+        s.in_flight += 1
+        s.updated_s = now_s
+        if s.held == 0:
+            s.waiting_since_s = None
+            s.pending_prompt_tokens = 0
+            s.pending_max_tokens = None
+        self._put(s)
+        self.last_reject.pop(s.id, None)
+        return Grant(req.request_id, s.id, replica, req.attempts + 1)
+
+    def dispatch(self, now_s: float, tenant: str | None = None) -> list[Grant]:
+        """Grant every held request that may go now (call after anything that can unblock).
+        ``tenant``: only a slot of this tenant was freed, so only its requests can newly go."""
+        if not self.held:
+            return []
+        if not self.config.gating:
+            self._route(sorted({h.session_id for h in self.held.values()}), now_s)
+        queue = self.held if tenant is None or not self.config.gating else self._held_by_tenant.get(tenant, {})
+        grants = []
+        for req in list(queue.values()):
+            g = self._try_grant(req, now_s)
+            if g is not None:
+                grants.append(g)
+        return grants
+
+    def first_token(self, request_id: str, ttft_s: float) -> None:
+        f = self.in_flight.get(request_id)
+        s = self.sessions.get(f.session_id) if f else None
+        if s is not None:
+            s.last_ttft_s = ttft_s  # written with the request's end; not worth a write of its own
+
+    def finish(self, now_s: float, request_id: str, usage: Usage | None) -> None:
+        """A forwarded request ended (``usage`` None when it failed after its first byte)."""
+        f = self.in_flight.pop(request_id, None)
+        if f is None:
+            return
+        self._bump(self.tenant_in_flight, f.tenant, -1)
+        self.replica_in_flight[f.replica] -= 1
+        s = self.sessions.get(f.session_id)
+        if s is None:
+            return
+        rep = self.replicas.get(f.replica)
+        if usage is not None:
+            reports = usage.cached_tokens is not None or (rep is not None and rep.reports_cached_tokens)
+            s.tokens = observe_request(s.tokens, usage.prompt_tokens, usage.completion_tokens, self.config.ewma_alpha)
+            s.cache = observe_usage(s.cache, f.replica, usage, reports, now_s)
+            s.last_cached_tokens = usage.cached_tokens or 0
+            s.avoid = frozenset()
+            if rep is not None and usage.cached_tokens is not None and not rep.reports_cached_tokens:
+                self.replicas[rep.id] = replace(rep, reports_cached_tokens=True)
+        s.in_flight -= 1
+        s.updated_s = now_s
+        pool_changed = False
+        if s.in_flight == 0:
+            s.acting_since_s = now_s
+            if s.single_turn and s.held == 0:
+                self._end(s.id)
+                return
+            leave = s.pause_pending or rep is None or rep.draining or not rep.healthy
+            if s.admitted and (leave or (not self.config.gating and not self.config.sticky)):
+                self._unadmit_in_place(s, now_s)
+            pool_changed = not s.admitted
+        self._put(s, pool_changed=pool_changed)
+
+    def fail_before_first_byte(self, now_s: float, request_id: str, replica_down: bool) -> bool:
+        """The request's replica failed before answering. Returns True when the request is
+        held again for another replica, False when its attempts are used up (it is dropped)."""
+        f = self.in_flight.pop(request_id, None)
+        if f is None:
+            return False
+        self._bump(self.tenant_in_flight, f.tenant, -1)
+        self.replica_in_flight[f.replica] -= 1
+        if replica_down:
+            self.replica_down(f.replica, now_s)
+        s = self.sessions.get(f.session_id)
+        if s is None:
+            return False
+        s = replace(s, in_flight=s.in_flight - 1, updated_s=now_s)
+        if s.admitted and s.replica == f.replica:
+            s = self._unadmit(s, now_s, avoid=f.replica)
+        attempts = f.held.attempts + 1
+        if attempts >= self.config.max_attempts:
+            s = replace(s, avoid=frozenset())
+            if s.single_turn and s.idle:
+                self._end(s.id)
+            else:
+                self._put(s, pool_changed=True)
+            return False
+        held = replace(f.held, attempts=attempts, exclude=f.held.exclude | {f.replica})
+        self._hold(held, front=True)
+        s = replace(
+            s, held=s.held + 1, waiting_since_s=s.waiting_since_s or now_s,
+            pending_prompt_tokens=max(s.pending_prompt_tokens, held.prompt_tokens_estimate),
+            pending_max_tokens=held.max_tokens if s.held == 0 else s.pending_max_tokens,
+        )
+        self._put(s, pool_changed=True)
+        return True
+
+    def abandon(self, now_s: float, request_id: str) -> bool:
+        """A held request gave up (hold timeout, client gone, session released)."""
+        req = self._unhold(request_id)
+        if req is None:
+            return False
+        s = self.sessions.get(req.session_id)
+        if s is None:
+            return True
+        held = s.held - 1
+        s = replace(
+            s, held=held, updated_s=now_s, waiting_since_s=s.waiting_since_s if held else None,
+            pending_prompt_tokens=s.pending_prompt_tokens if held else 0,
+            pending_max_tokens=s.pending_max_tokens if held else None,
+        )
+        if s.single_turn and s.idle:
+            self._end(s.id)
+        else:
+            self._put(s, pool_changed=True)
+        return True
+
+    # ------------------------------------------------------------------------- sessions
+
+    def release(self, now_s: float, session_id: str, force: bool = False) -> list[str]:
+        """End a session; returns the ids of its held requests (the adapter answers them)."""
+        s = self.sessions.get(session_id)
+        if s is None:
+            raise UnknownSession(f"unknown session {session_id!r}")
+        if s.in_flight > 0 and not force:
+            raise SessionBusy(f"session {session_id!r} has {s.in_flight} request(s) in flight; use force")
+        cancelled = [r for r, h in self._held_by_tenant.get(s.tenant, {}).items() if h.session_id == session_id]
+        for rid in cancelled:
+            self._unhold(rid)
+        self._end(session_id)
+        return cancelled
+
+    def expire(self, now_s: float) -> list[str]:
+        """End sessions idle for longer than the TTL."""
+        ttl = self.config.session_ttl_s
+        gone = [s.id for s in self.sessions.values() if s.idle and now_s - s.updated_s > ttl]
+        for sid in gone:
+            self._end(sid)
+        return gone
+
+    def restore(self, sessions: Iterable[Session]) -> None:
+        """Adopt sessions read back after a router restart (their requests died with the
+        old process, so nothing is held or in flight; admission on known replicas is kept)."""
+        for s in sessions:
+            keep = s.admitted and s.replica in self.replicas
+            self._put(replace(
+                s, in_flight=0, held=0, pause_pending=False, waiting_since_s=None, pending_prompt_tokens=0,
+                pending_max_tokens=None, admitted=keep, replica=s.replica if keep else None,
+            ), pool_changed=True)
+
+    # ------------------------------------------------------------------------- replicas
+
+    def upsert_replica(self, rep: Replica, now_s: float) -> None:
+        """Add or update a replica (health, metrics). Turning unhealthy re-pools its sessions."""
+        old = self.replicas.get(rep.id)
+        if old is not None and rep.reports_cached_tokens is False and old.reports_cached_tokens:
+            rep = replace(rep, reports_cached_tokens=True)
+        self.replicas[rep.id] = rep
+        self.used.setdefault(rep.id, 0)
+        if old != rep:
+            self._d_replicas.add(rep.id)
+        if not rep.healthy and ((old is not None and old.healthy) or self._has_admitted(rep.id)):
+            self.replica_down(rep.id, now_s)
+        if rep.draining and (old is None or not old.draining):
+            self._drain_sessions(rep.id, now_s)
+
+    def _has_admitted(self, replica_id: str) -> bool:
+        return any(c is not None and c[0] == replica_id for c in self._contrib.values())
+
+    def replica_down(self, replica_id: str, now_s: float) -> list[str]:
+        """Replica failed: its sessions go back to the pool with zero credit there."""
+        rep = self.replicas.get(replica_id)
+        if rep is not None and rep.healthy:
+            self.replicas[replica_id] = replace(rep, healthy=False)
+            self._d_replicas.add(replica_id)
+        moved = []
+        for s in list(self.sessions.values()):
+            placed_here = s.admitted and s.replica == replica_id
+            has_credit = any(e.replica == replica_id for e in s.cache)
+            if not placed_here and not has_credit:
+                continue
+            new = replace(s, cache=drop_replica(s.cache, replica_id))
+            if placed_here:
+                new = self._unadmit(new, now_s)
+                moved.append(s.id)
+            self._put(new, pool_changed=placed_here)
+        return moved
+
+    def _drain_sessions(self, replica_id: str, now_s: float) -> None:
+        for s in list(self.sessions.values()):
+            if s.admitted and s.replica == replica_id:
+                if s.in_flight > 0:
+                    self._put(replace(s, pause_pending=True))
+                else:
+                    self._put(self._unadmit(s, now_s))
+
+    def remove_replica(self, replica_id: str, now_s: float) -> None:
+        self.replica_down(replica_id, now_s)
+        self.replicas.pop(replica_id, None)
+        self._d_replicas.add(replica_id)
+
+    # --------------------------------------------------------------------------- tenants
+
+    def set_caps(self, caps: Mapping[str, int] | None) -> None:
+        self.caps = None if caps is None else dict(caps)
+
+    def tenant_headroom(self) -> dict[str, int] | None:
+        if self.caps is None:
+            return None
+        return {t: max(0, cap - self.tenant_in_flight.get(t, 0)) for t, cap in self.caps.items()}
+
+    # ---------------------------------------------------------------------------- plans
+
+    def apply_plan(self, now_s: float, plan: PlanDecision) -> ApplyReport:
+        """Revalidate and apply a plan (see ``plans.apply_plan``); call ``dispatch`` after."""
+        return plans.apply_plan(self, now_s, plan)
+
+    def explain(self, session_id: str) -> str:
+        return plans.explain(self, session_id)
+
+    # --------------------------------------------------------------- per-request routing
+
+    def _route(self, session_ids: list[str], now_s: float) -> None:
+        """Per-request policies: place every listed pool session that holds a request."""
+        todo = [sid for sid in session_ids
+                if (s := self.sessions.get(sid)) is not None and s.held > 0 and not s.admitted]
+        if not todo or self.policy is None:
+            return
+        snap: Snapshot = build_snapshot(self, now_s, {}, only=todo)
+        plan = self.policy.plan(snap)
+        chosen = {a.session: a.replica for a in plan.assignments}
+        for sid in todo:
+            s = self.sessions[sid]
+            rid = chosen.get(sid)
+            rep = self.replicas.get(rid) if rid else None
+            if rep is None or not self.eligible(rep) or rid in s.avoid:
+                rid = self._least_used(exclude=s.avoid)
+            if rid is None:
+                self.last_reject[sid] = "no healthy replica"
+                continue
+            self._put(replace(s, admitted=True, replica=rid, placed_s=now_s, pause_pending=False))
+
+    def _least_used(self, exclude: frozenset[str]) -> str | None:
+        ok = [r for r in self.replicas.values() if self.eligible(r) and r.id not in exclude]
+        if not ok:
+            return None
+        return min(ok, key=lambda r: (self.used.get(r.id, 0) / max(1, r.kv_capacity_tokens), r.id)).id

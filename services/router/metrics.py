@@ -1,0 +1,70 @@
+"""The router's Prometheus metrics (served on the HTTP gateway's /metrics and, when
+``metrics_port`` is set, by the shared bootstrap)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from services.router.runtime import RouterRuntime
+
+OVERHEAD_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class _StateCollector(Collector):
+    def __init__(self, runtime: RouterRuntime) -> None:
+        self._rt = runtime
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        core = self._rt.core
+        phases = GaugeMetricFamily("tao_router_sessions", "Sessions by phase.", labels=["phase"])
+        counts: dict[str, int] = {p: 0 for p in ("WAITING", "RUNNING", "ACTING", "PAUSED")}
+        for s in core.sessions.values():
+            counts[core.phase(s)] += 1
+        for phase, n in counts.items():
+            phases.add_metric([phase], n)
+        yield phases
+        yield GaugeMetricFamily("tao_router_held_requests", "Requests held at the router.", value=len(core.held))
+        yield GaugeMetricFamily("tao_router_in_flight_requests", "Requests forwarded and not finished.",
+                                value=len(core.in_flight))
+        healthy = GaugeMetricFamily("tao_router_replica_healthy", "1 when the replica takes requests.",
+                                    labels=["replica"])
+        used = GaugeMetricFamily("tao_router_replica_used_tokens", "Footprint admitted on the replica.",
+                                 labels=["replica"])
+        cap = GaugeMetricFamily("tao_router_replica_capacity_tokens", "Admissible KV tokens.", labels=["replica"])
+        for rid, r in sorted(core.replicas.items()):
+            healthy.add_metric([rid], 1.0 if r.healthy and not r.draining else 0.0)
+            used.add_metric([rid], core.used.get(rid, 0))
+            cap.add_metric([rid], core.capacity(rid))
+        yield healthy
+        yield used
+        yield cap
+        yield GaugeMetricFamily("tao_router_planner_silent", "1 while the local fallback policy admits.",
+                                value=1.0 if core.config.gating and self._rt.planner_silent() else 0.0)
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry, runtime: RouterRuntime) -> None:
+        self.requests = Counter("tao_router_requests", "HTTP requests answered.", ["endpoint", "code"],
+                                registry=registry)
+        self.ttft = Histogram("tao_router_ttft_seconds", "Arrival to first byte sent to the client.",
+                              buckets=LATENCY_BUCKETS, registry=registry)
+        self.hold = Histogram("tao_router_hold_seconds", "Time requests were held before forwarding.",
+                              buckets=LATENCY_BUCKETS, registry=registry)
+        self.overhead = Histogram(
+            "tao_router_overhead_seconds",
+            "Time a request spends in the router itself before its first byte reaches the client: "
+            "parsing, auth, admission bookkeeping and forwarding, plus relaying the first upstream "
+            "chunk; excludes time held for admission and the replica's own time.",
+            buckets=OVERHEAD_BUCKETS, registry=registry)
+        self.upstream_failures = Counter("tao_router_upstream_failures", "Connection-level replica failures.",
+                                         ["replica"], registry=registry)
+        self.plans = Counter("tao_router_plans_applied", "Plans applied, by source.", ["source"],
+                             registry=registry)
+        registry.register(_StateCollector(runtime))

@@ -1,0 +1,361 @@
+"""The router process: the core plus everything around it (replica registry, write-behind
+store, plan and allocation feeds, local fallback, waiters of held requests).
+
+All core calls happen on the event loop thread; only the fallback policy's ``plan`` runs
+in a worker thread, on an immutable snapshot, and its plan is revalidated on return.
+
+How other services' outputs are consumed:
+- plans (planner): ``FencedFeed`` on ``keys.PLAN`` / ``keys.PLAN_CHANNEL``; fenced by the
+  planner's live epoch and revision, then revalidated by the core (``core/plans.py``). The
+  planner counts as alive while the newest plan of its live epoch was created within
+  ``plan_stale_s``; otherwise ``fallback_policy`` plans locally every
+  ``fallback_interval_s`` (and right after a request is held).
+- caps (budget): ``FencedFeed`` on ``keys.ALLOCATION``; the last caps hold while the budget
+  service is silent; before any allocation is seen every tenant is unlimited.
+- predictions (predictor): read from ``keys.PREDICTIONS`` only to build the local fallback
+  snapshot (readiness of pool sessions without a held request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from dataclasses import dataclass
+
+import aiohttp
+import structlog
+from redis.exceptions import RedisError
+
+from services.common import keys
+from services.common.bootstrap import ServiceContext
+from services.common.errors import DomainError
+from services.common.records import AllocationRecord, PlanRecord, PredictionRecord, RecordError, load
+from services.planner.core.policy import Policy
+from services.planner.core.registry import make_policy
+from services.router.core.breaker import Breaker
+from services.router.core.model import CoreConfig, Grant, NewRequest, PlanDecision, Usage
+from services.router.core.readiness import PredictionView, is_ready
+from services.router.core.snapshot import build_snapshot
+from services.router.core.state import RouterCore
+from services.router.feeds import FencedFeed
+from services.router.metrics import RouterMetrics
+from services.router.replicas import ReplicaEntry, ReplicaRegistry, parse_replica_spec
+from services.router.settings import Settings
+from services.router.store import StateStore
+from services.router.tasks import reraise_if_cancelling, stop_tasks
+
+
+class HoldTimeout(Exception):
+    """A held request was not admitted within the hold timeout (``reason``: why, at that time)."""
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class SessionReleased(Exception):
+    """The session of a held request was released."""
+
+
+@dataclass
+class Waiter:
+    future: asyncio.Future[Grant]
+    tenant: str
+
+
+class RouterRuntime:
+    def __init__(self, settings: Settings, ctx: ServiceContext) -> None:
+        self.settings = settings
+        self.ctx = ctx
+        self.log: structlog.stdlib.BoundLogger = ctx.log
+        self.clock = ctx.clock
+        # model time (CONTRACTS E): now() and unix() both run time_scale times faster than the wall
+        self.unix_offset = self.clock.unix() - self.clock.now()
+        self.policy: Policy = make_policy(settings.policy)
+        self.fallback: Policy = make_policy(settings.fallback_policy or settings.policy)
+        self.core = RouterCore(
+            CoreConfig(
+                target_utilisation=settings.target_utilisation, ewma_alpha=settings.ewma_alpha,
+                default_output_tokens=settings.default_output_tokens, session_ttl_s=settings.session_ttl_s,
+                gating=self.policy.gates_admission, sticky=self.policy.sticky, max_attempts=settings.max_attempts,
+            ),
+            policy=self.policy,
+        )
+        self.registry = ReplicaRegistry(
+            self._replica_changed, self.clock.now, interval_s=settings.health_interval_s,
+            timeout_s=settings.probe_timeout_s, default_kv_tokens=settings.replica_kv_capacity_tokens,
+            breaker=Breaker(settings.breaker_failures, settings.breaker_open_s),
+        )
+        self.store = StateStore(
+            ctx.redis, self.core, self.registry, ctx.epoch, self.to_unix, self.from_unix,
+            flush_interval_s=settings.flush_interval_s, resync_interval_s=settings.resync_interval_s,
+            demand_interval_s=settings.demand_interval_s, log=self.log,
+        )
+        self.plans = FencedFeed(ctx.redis, writer="planner", key=keys.PLAN, channel=keys.PLAN_CHANNEL,
+                                record=PlanRecord, apply=self._apply_planner_plan, seen=self._plan_seen,
+                                poll_s=settings.plan_poll_s, log=self.log)
+        self.allocation = FencedFeed(ctx.redis, writer="budget", key=keys.ALLOCATION,
+                                     channel=keys.ALLOCATION_CHANNEL, record=AllocationRecord,
+                                     apply=self._apply_allocation, poll_s=settings.plan_poll_s, log=self.log)
+        self.metrics = RouterMetrics(ctx.metrics, self)
+        self.models: frozenset[str] = frozenset()
+        self.http: aiohttp.ClientSession | None = None
+        self.planner_fresh_s = -math.inf
+        self.last_plan: PlanRecord | None = None
+        self.fallback_runs = 0
+        self._waiters: dict[str, Waiter] = {}
+        self._fallback_kick = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ------------------------------------------------------------------ clocks
+
+    def now(self) -> float:
+        return self.clock.now()
+
+    def wall(self, model_s: float) -> float:
+        """Wall seconds of a model-time duration (for sleeps and wall-time metrics)."""
+        return self.clock.wall_seconds(model_s)
+
+    def to_unix(self, now_s: float) -> float:
+        return now_s + self.unix_offset
+
+    def from_unix(self, unix_s: float) -> float:
+        return unix_s - self.unix_offset
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        s = self.settings
+        connector = aiohttp.TCPConnector(limit=s.upstream_max_connections, keepalive_timeout=60,
+                                         enable_cleanup_closed=True)
+        self.http = aiohttp.ClientSession(
+            connector=connector, auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=None, connect=s.upstream_connect_timeout_s,
+                                          sock_read=s.upstream_read_timeout_s),
+        )
+        sessions, replica_records = await self.store.restore(self.now())
+        for spec in s.replicas:
+            rid, url = parse_replica_spec(spec)
+            self.registry.add(rid, url)
+        for rec in replica_records:
+            if rec.replica_id not in self.registry.entries:
+                with contextlib.suppress(DomainError):  # a record that no longer makes sense
+                    self.registry.add(rec.replica_id, rec.url)
+            entry = self.registry.entries.get(rec.replica_id)
+            if entry is not None and rec.draining and entry.url == rec.url:
+                self.registry.drain(rec.replica_id)
+        self.core.restore(sessions)
+        if sessions:
+            self.log.info("restored sessions", count=len(sessions))
+        await self.registry.start()
+        for rid, rep in list(self.core.replicas.items()):
+            if not rep.healthy:  # restored sessions must not stay admitted on a replica that is down
+                self.core.replica_down(rid, self.now())
+        await self.allocation.start()
+        await self.plans.start()
+        self.store.start(self.now)
+        self.store.mark_all()
+        self._tasks = [asyncio.create_task(self._housekeeping(), name="router-housekeeping")]
+        if self.core.config.gating:
+            self._tasks.append(asyncio.create_task(self._fallback_loop(), name="router-fallback"))
+
+    async def stop(self) -> None:
+        await stop_tasks(self._tasks)
+        await self.plans.stop()
+        await self.allocation.stop()
+        await self.registry.stop()
+        await self.store.stop()
+        for w in self._waiters.values():
+            if not w.future.done():
+                w.future.set_exception(HoldTimeout())
+        if self.http is not None:
+            await self.http.close()
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(self, req: NewRequest) -> Grant | asyncio.Future[Grant]:
+        """Admit a request: its grant now, or a future resolved when it may go."""
+        grant = self.core.arrive(self.now(), req)
+        self.store.wake()
+        if grant is not None:
+            return grant
+        return self._wait(req.request_id, req.tenant)
+
+    def _wait(self, request_id: str, tenant: str) -> asyncio.Future[Grant]:
+        fut: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
+        self._waiters[request_id] = Waiter(fut, tenant)
+        if self.core.config.gating:
+            self._fallback_kick.set()
+        return fut
+
+    async def wait_grant(self, request_id: str, fut: asyncio.Future[Grant], deadline_s: float) -> Grant:
+        """Wait for a held request's grant until ``deadline_s`` (router clock). On timeout or
+        cancellation (client gone) the request is abandoned, or its grant handed back."""
+        try:
+            done, _ = await asyncio.wait({fut}, timeout=self.wall(max(0.0, deadline_s - self.now())))
+        except BaseException:
+            self._give_up(request_id, fut)
+            raise
+        if not done:
+            held = self.core.held.get(request_id)
+            reason = self.core.explain(held.session_id) if held else ""
+            self._give_up(request_id, fut)
+            raise HoldTimeout(reason)
+        return fut.result()
+
+    def _give_up(self, request_id: str, fut: asyncio.Future[Grant]) -> None:
+        self._waiters.pop(request_id, None)
+        if fut.done() and not fut.cancelled() and fut.exception() is None:
+            self.core.finish(self.now(), request_id, None)  # granted but never forwarded
+        else:
+            fut.cancel()
+            self.core.abandon(self.now(), request_id)
+        self.store.wake()
+        self.pump()
+
+    def pump(self, tenant: str | None = None) -> None:
+        """Grant what may go now and wake the waiters (``tenant``: only its slot was freed)."""
+        grants = self.core.dispatch(self.now(), tenant)
+        for g in grants:
+            w = self._waiters.pop(g.request_id, None)
+            if w is not None and not w.future.done():
+                w.future.set_result(g)
+            else:  # nobody waits any more: the request ends unforwarded, its slot comes back
+                self.core.finish(self.now(), g.request_id, None)
+        if grants:
+            self.store.wake()
+
+    def first_token(self, request_id: str, ttft_s: float) -> None:
+        self.core.first_token(request_id, ttft_s)
+
+    def finish(self, request_id: str, tenant: str, usage: Usage | None, duration_s: float) -> None:
+        self.core.finish(self.now(), request_id, usage)
+        self.store.record_latency(tenant, duration_s)
+        self.store.wake()
+        self.pump(tenant)
+
+    def retry(self, request_id: str, tenant: str, replica_down: bool) -> asyncio.Future[Grant] | None:
+        """After a failure before the first byte: a future for the next attempt, or None."""
+        again = self.core.fail_before_first_byte(self.now(), request_id, replica_down)
+        self.store.wake()
+        if not again:
+            self.pump()
+            return None
+        fut = self._wait(request_id, tenant)
+        self.pump()
+        return fut
+
+    def release(self, session_id: str, force: bool) -> None:
+        """End a session (raises the core's UnknownSession / SessionBusy)."""
+        cancelled = self.core.release(self.now(), session_id, force)
+        for rid in cancelled:
+            w = self._waiters.pop(rid, None)
+            if w is not None and not w.future.done():
+                w.future.set_exception(SessionReleased())
+        self.store.wake()
+        self.pump()
+
+    # ------------------------------------------------------------------ replicas
+
+    def _replica_changed(self, entry: ReplicaEntry) -> None:
+        self.core.upsert_replica(entry.view(), self.now())
+        self.models = frozenset(m for e in self.registry.entries.values() for m in e.models)
+        self.store.wake()
+        self.pump()
+
+    def replica_failed(self, replica_id: str, reason: str) -> bool:
+        down = self.registry.report_failure(replica_id, reason)
+        self.metrics.upstream_failures.labels(replica_id).inc()
+        return down
+
+    # ------------------------------------------------------------------ plans and caps
+
+    def planner_silent(self) -> bool:
+        return self.now() - self.planner_fresh_s > self.settings.plan_stale_s
+
+    def _plan_seen(self, rec: PlanRecord) -> None:
+        created_s = self.from_unix(rec.created_at_unix_s)
+        self.planner_fresh_s = max(self.planner_fresh_s, min(created_s, self.now()))
+
+    def _apply_planner_plan(self, rec: PlanRecord) -> None:
+        self.last_plan = rec
+        decision = PlanDecision(
+            assignments=tuple((a.session, a.replica) for a in rec.assignments), pauses=tuple(rec.pauses),
+            snapshot_at_s=self.from_unix(rec.snapshot_at_unix_s), source=f"planner rev {rec.rev}",
+        )
+        report = self.core.apply_plan(self.now(), decision)
+        self.metrics.plans.labels("planner").inc()
+        if report.admitted or report.paused or report.pause_deferred:
+            self.store.wake()
+            self.pump()
+
+    def _apply_allocation(self, rec: AllocationRecord) -> None:
+        self.core.set_caps(rec.caps)
+        self.store.wake()
+        self.pump()
+
+    async def _fallback_loop(self) -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._fallback_kick.wait(), self.wall(self.settings.fallback_interval_s))
+            self._fallback_kick.clear()
+            await asyncio.sleep(0.002)  # gather a burst of arrivals into one plan
+            if not self.planner_silent():
+                continue
+            try:
+                await self.run_fallback()
+            except Exception as exc:  # a policy bug must not stop admission for good
+                reraise_if_cancelling()
+                self.log.error("fallback policy failed", error=repr(exc))
+                await asyncio.sleep(self.wall(self.settings.fallback_interval_s))
+
+    async def run_fallback(self) -> None:
+        core = self.core
+        pool = [s for s in core.sessions.values() if not s.admitted and s.in_flight == 0]
+        over = any(core.used.get(r, 0) > core.capacity(r) for r in core.replicas)
+        if not pool and not over:
+            return
+        readiness = await self._readiness([s.id for s in pool if s.held == 0])
+        now = self.now()
+        snapshot = build_snapshot(core, now, readiness)
+        plan = await asyncio.get_running_loop().run_in_executor(None, self.fallback.plan, snapshot)
+        decision = PlanDecision(tuple((a.session, a.replica) for a in plan.assignments), plan.pauses, now,
+                                f"fallback {self.fallback.name}")
+        core.apply_plan(self.now(), decision)
+        self.fallback_runs += 1
+        self.metrics.plans.labels("fallback").inc()
+        self.store.wake()
+        self.pump()
+
+    async def _readiness(self, session_ids: list[str]) -> dict[str, bool]:
+        if not session_ids:
+            return {}
+        try:
+            # bounded: a slow or absent Redis must not delay admission (readiness then
+            # comes only from held requests, as when the predictor is down)
+            raws = await asyncio.wait_for(self.ctx.redis.hmget(keys.PREDICTIONS, session_ids[:5000]), 0.1)
+        except (TimeoutError, RedisError, OSError):
+            reraise_if_cancelling()
+            return {}
+        now_unix = self.clock.unix()
+        out = {}
+        for sid, raw in zip(session_ids, raws, strict=False):
+            if raw is None:
+                continue
+            try:
+                p = load(PredictionRecord, raw)
+            except RecordError:
+                continue
+            s = self.core.sessions.get(sid)
+            acting = None if s is None or s.acting_since_s is None else self.to_unix(s.acting_since_s)
+            view = PredictionView(p.ready, p.started_at_unix_s, p.refreshed_at_unix_s, p.predicted_return_unix_s,
+                                  p.deadline_unix_s)
+            out[sid] = is_ready(view, now_unix, acting)
+        return out
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            if self.core.expire(self.now()):
+                self.store.wake()

@@ -1,0 +1,113 @@
+"""Router settings (env prefix ``TAO_ROUTER_``; flags of ``tao serve router`` override).
+
+Replicas are given as URLs (``http://host:port``) or ``ID=URL``; an id defaults to
+``host:port``. Authentication: with ``api_keys_file`` every /v1 request needs a key from it
+(stored hashed); without it the router runs in *dev mode*: the tenant comes from the
+``dev_tenant_header`` header (``default_tenant`` when absent). Per-request policies
+(round_robin, least_loaded, cache_aware) route each request at once; admission-gating ones
+(tao, thunderagent, ...) hold requests until a plan admits the session, and fall back to
+``fallback_policy`` run locally when no fresh plan arrived for ``plan_stale_s``.
+
+Time (CONTRACTS E): admission and session constants (``hold_timeout_s``, ``plan_stale_s``,
+``session_ttl_s``, ``fallback_interval_s``, ``breaker_open_s``) are model seconds, like every
+timestamp the router shares; I/O pacing and network timeouts (``health_interval_s``,
+``probe_timeout_s``, ``upstream_*_timeout_s``, ``flush_interval_s``, ``demand_interval_s``,
+``resync_interval_s``, ``plan_poll_s``) are wall seconds. With ``time_scale`` 1 they agree.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from services.common.settings import ServiceSettings
+
+
+class Settings(ServiceSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TAO_ROUTER_", extra="forbid", validate_default=True, env_nested_delimiter="__"
+    )
+    service_name: ClassVar[str] = "router"
+
+    # --- HTTP gateway
+    http_host: str = Field(default="127.0.0.1", description="OpenAI-compatible HTTP bind address")
+    http_port: int = Field(default=8000, ge=0, le=65535, description="HTTP port (0 picks a free one)")
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="larger bodies get 413")
+    max_held_requests: int = Field(default=10_000, ge=1, description="held requests beyond this get 503")
+
+    # --- replicas
+    replicas: list[str] = Field(default_factory=list, description="replica URLs or ID=URL")
+    replica_kv_capacity_tokens: int = Field(
+        default=0, ge=0, description="KV tokens for replicas without vllm:cache_config_info (0: scrape only)"
+    )
+    target_utilisation: float = Field(default=0.95, gt=0.0, le=1.0, description="admissible fraction of KV")
+    health_interval_s: float = Field(default=1.0, gt=0.0, le=60.0, description="health probe and /metrics scrape")
+    probe_timeout_s: float = Field(default=1.0, gt=0.0, le=30.0)
+    breaker_failures: int = Field(default=1, ge=1, le=100, description="failures in a row that open the breaker")
+    breaker_open_s: float = Field(default=2.0, ge=0.0, le=600.0, description="minimum time a breaker stays open")
+    max_attempts: int = Field(default=3, ge=1, le=10, description="replicas a request may try before its first byte")
+    upstream_connect_timeout_s: float = Field(default=2.0, gt=0.0, le=60.0)
+    upstream_read_timeout_s: float = Field(default=600.0, gt=0.0, description="longest silence between chunks")
+    upstream_max_connections: int = Field(default=0, ge=0, description="connection pool size; 0 = unlimited")
+    upstream_api_key: SecretStr | None = Field(default=None, description="bearer key sent to replicas")
+
+    # --- admission
+    policy: str = Field(default="tao", description="placement policy from the planner registry")
+    fallback_policy: str | None = Field(
+        default=None, description="policy run locally when the planner is silent; default: the policy "
+                                  "itself (tao for the default)")
+    plan_stale_s: float = Field(default=5.0, gt=0.0, le=3600.0, description="planner silent after this long")
+    fallback_interval_s: float = Field(default=0.25, gt=0.0, le=60.0, description="local fallback period")
+    hold_timeout_s: float = Field(default=60.0, gt=0.0, le=3600.0, description="held longer -> 503")
+    retry_after_s: int = Field(default=2, ge=0, le=3600, description="Retry-After of a 503")
+    session_ttl_s: float = Field(default=900.0, gt=0.0, description="idle sessions end after this long")
+    default_output_tokens: int = Field(default=256, ge=1, description="expected output of a new session")
+    ewma_alpha: float = Field(default=0.3, gt=0.0, le=1.0)
+
+    # --- state in Redis
+    flush_interval_s: float = Field(default=0.05, ge=0.0, le=5.0,
+                                    description="write-behind batching delay (pool changes: 2 ms)")
+    demand_interval_s: float = Field(default=1.0, gt=0.0, le=60.0, description="demand records refresh")
+    resync_interval_s: float = Field(default=2.0, gt=0.0, le=60.0, description="detect a wiped Redis")
+    plan_poll_s: float = Field(default=1.0, gt=0.0, le=60.0, description="re-read plan/allocation keys")
+
+    # --- auth
+    api_keys_file: Path | None = Field(default=None, description="YAML/JSON keys file; unset = dev mode")
+    dev_tenant_header: str = Field(default="x-tao-tenant", min_length=1)
+    default_tenant: str = Field(default="default", min_length=1)
+
+    @field_validator("replicas", mode="before")
+    @classmethod
+    def _split_replicas(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @field_validator("replicas")
+    @classmethod
+    def _check_replicas(cls, value: list[str]) -> list[str]:
+        from services.router.replicas import parse_replica_spec
+
+        ids = [parse_replica_spec(spec)[0] for spec in value]  # InvalidArgument is a ValueError
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"duplicate replica ids in {value}")
+        return value
+
+    @field_validator("api_keys_file")
+    @classmethod
+    def _keys_file_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"file not found: {value}")
+        return value
+
+    @field_validator("policy", "fallback_policy")
+    @classmethod
+    def _known_policy(cls, value: str | None) -> str | None:
+        from services.planner.core.registry import POLICIES
+
+        if value is not None and value not in POLICIES:
+            raise ValueError(f"unknown policy {value!r}; registered: {', '.join(sorted(POLICIES))}")
+        return value

@@ -1,0 +1,375 @@
+"""Router core: session state machine, admission, caps, plans, replicas (pure, no I/O)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.planner.core.registry import make_policy
+from services.router.core.model import CoreConfig, NewRequest, PlanDecision, Replica, Usage
+from services.router.core.snapshot import build_snapshot
+from services.router.core.state import RouterCore, SessionBusy, SessionConflict, UnknownSession
+
+
+def rep(rid: str, kv: int = 10_000, healthy: bool = True, draining: bool = False) -> Replica:
+    return Replica(id=rid, url=f"http://{rid}", kv_capacity_tokens=kv, healthy=healthy, draining=draining)
+
+
+def make(gating: bool = True, policy: str | None = None, replicas: int = 2, **cfg: object) -> RouterCore:
+    config = CoreConfig(gating=gating, sticky=gating, **cfg)  # type: ignore[arg-type]
+    core = RouterCore(config, make_policy(policy) if policy else None)
+    for i in range(replicas):
+        core.upsert_replica(rep(f"r{i}"), 0.0)
+    return core
+
+
+def req(rid: str, sid: str, tenant: str = "A", prompt: int = 100, max_tokens: int | None = 50,
+        single: bool = False) -> NewRequest:
+    return NewRequest(rid, sid, tenant, single, prompt, max_tokens)
+
+
+def check_invariants(core: RouterCore) -> None:
+    used: dict[str, int] = {}
+    for s in core.sessions.values():
+        assert s.held >= 0 and s.in_flight >= 0
+        if s.admitted:
+            assert s.replica is not None
+            used[s.replica] = used.get(s.replica, 0) + s.footprint_tokens
+    for rid in core.replicas:
+        assert core.used.get(rid, 0) == used.get(rid, 0), rid
+    assert not set(core.held) & set(core.in_flight)
+    held_by_session: dict[str, int] = {}
+    for h in core.held.values():
+        held_by_session[h.session_id] = held_by_session.get(h.session_id, 0) + 1
+    for sid, s in core.sessions.items():
+        assert s.held == held_by_session.get(sid, 0)
+        assert s.in_flight == sum(1 for f in core.in_flight.values() if f.session_id == sid)
+    for tenant, n in core.tenant_in_flight.items():
+        assert n == sum(1 for f in core.in_flight.values() if f.tenant == tenant)
+        assert n >= 0
+    for tenant, n in core.tenant_held.items():
+        assert n == sum(1 for h in core.held.values() if h.tenant == tenant)
+        assert list(core._held_by_tenant.get(tenant, {})) == [r for r, h in core.held.items() if h.tenant == tenant]
+
+
+def admit(core: RouterCore, sid: str, replica: str, now_s: float) -> None:
+    report = core.apply_plan(now_s, PlanDecision(((sid, replica),), (), now_s, "test"))
+    assert report.admitted == ((sid, replica),), report
+
+
+def test_gating_holds_until_a_plan_admits_then_sticks() -> None:
+    core = make()
+    assert core.arrive(1.0, req("q1", "s1")) is None
+    assert core.phase(core.sessions["s1"]) == "WAITING"
+    assert core.dispatch(1.0) == []
+    admit(core, "s1", "r1", 1.1)
+    grants = core.dispatch(1.1)
+    assert [(g.request_id, g.replica) for g in grants] == [("q1", "r1")]
+    assert core.phase(core.sessions["s1"]) == "RUNNING"
+    core.finish(2.0, "q1", Usage(100, 50, None))
+    s = core.sessions["s1"]
+    assert core.phase(s) == "ACTING" and s.admitted and s.replica == "r1"
+    # the next request of an admitted session goes straight to the same replica
+    g = core.arrive(3.0, req("q2", "s1", prompt=200))
+    assert g is not None and g.replica == "r1"
+    check_invariants(core)
+
+
+def test_footprint_and_cache_evidence_follow_usage() -> None:
+    core = make()
+    core.arrive(0.0, req("q1", "s1", prompt=1000, max_tokens=100))
+    assert core.sessions["s1"].footprint_tokens == 1000 + 100  # held prompt + min(max_tokens, default)
+    admit(core, "s1", "r0", 0.0)
+    core.dispatch(0.0)
+    core.finish(1.0, "q1", Usage(1000, 80, None))
+    s = core.sessions["s1"]
+    assert s.tokens.context_tokens == 1080 and s.footprint_tokens == 1080 + 80
+    assert s.cache[0].kind == "volume"  # replica never reported cached tokens
+    core.arrive(2.0, req("q2", "s1", prompt=1280))
+    core.finish(3.0, "q2", Usage(1280, 40, 1072))
+    s = core.sessions["s1"]
+    # append sample = 1280 - 1080 = 200; output EWMA = 0.3*40 + 0.7*80 = 68
+    assert s.tokens.expected_append_tokens == 200
+    assert s.footprint_tokens == 1320 + 200 + 68
+    ev = s.cache[0]
+    assert ev.kind == "cached_tokens" and ev.resident_tokens == 1320 and ev.cached_tokens == 1072
+    assert s.last_cached_tokens == 1072
+    assert core.replicas["r0"].reports_cached_tokens
+    check_invariants(core)
+
+
+def test_tenant_caps_hold_and_release_in_fifo_order() -> None:
+    core = make()
+    core.set_caps({"A": 1})
+    for i in range(3):
+        core.arrive(0.0, req(f"q{i}", f"s{i}"))
+        admit(core, f"s{i}", "r0", 0.0)
+    grants = core.dispatch(0.0)
+    assert [g.request_id for g in grants] == ["q0"]
+    assert "tenant A at cap 1" in core.explain("s1")
+    core.finish(1.0, "q0", Usage(100, 10))
+    assert [g.request_id for g in core.dispatch(1.0)] == ["q1"]
+    # other tenants are not blocked by A's cap; tenants absent from the caps are unlimited
+    g = core.arrive(1.0, req("b0", "t0", tenant="B"))
+    assert g is None
+    admit(core, "t0", "r1", 1.0)
+    assert [g.request_id for g in core.dispatch(1.0)] == ["b0"]
+    core.set_caps(None)
+    assert [g.request_id for g in core.dispatch(1.0)] == ["q2"]
+    check_invariants(core)
+
+
+def test_plan_revalidation_rejects_stale_and_infeasible_parts() -> None:
+    core = make()
+    core.upsert_replica(rep("small", kv=100), 0.0)
+    core.upsert_replica(rep("sick", healthy=False), 0.0)
+    core.upsert_replica(rep("drain", draining=True), 0.0)
+    core.arrive(5.0, req("q1", "s1", prompt=500))
+    plan = PlanDecision(
+        (("ghost", "r0"), ("s1", "small"), ("s1", "sick"), ("s1", "drain"), ("s1", "nope")), (), 6.0, "t"
+    )
+    report = core.apply_plan(6.0, plan)
+    reasons = dict((s, r) for s, r in report.rejected if s == "ghost")
+    assert "unknown" in reasons["ghost"]
+    texts = [r for s, r in report.rejected if s == "s1"]
+    assert any("no room" in t for t in texts) and any("unhealthy" in t for t in texts)
+    assert any("draining" in t for t in texts) and any("unknown replica" in t for t in texts)
+    assert not core.sessions["s1"].admitted
+    # a plan from a snapshot taken before the session's placement changed is stale
+    old = core.apply_plan(7.0, PlanDecision((("s1", "r0"),), (), 4.0, "t"))
+    assert old.admitted == () and "after the snapshot" in old.rejected[0][1]
+    admit(core, "s1", "r0", 7.0)
+    twice = core.apply_plan(8.0, PlanDecision((("s1", "r1"),), (), 8.0, "t"))
+    assert "already admitted" in twice.rejected[0][1]
+    check_invariants(core)
+
+
+def test_pauses_apply_before_assignments_and_never_cut_running_requests() -> None:
+    core = make(replicas=0)
+    core.upsert_replica(rep("r0", kv=2000), 0.0)  # capacity 1900
+    for sid in ("a", "b"):
+        core.arrive(0.0, req(f"q{sid}", sid, prompt=800, max_tokens=100))
+    core.apply_plan(0.0, PlanDecision((("a", "r0"), ("b", "r0")), (), 0.0, "t"))
+    core.dispatch(0.0)
+    core.finish(1.0, "qa", Usage(800, 100))  # a: ACTING admitted; b: RUNNING
+    core.arrive(2.0, req("qc", "c", prompt=800, max_tokens=100))
+    # no room for c until a is paused: pause a and admit c in one plan
+    report = core.apply_plan(2.0, PlanDecision((("c", "r0"),), ("a", "b"), 2.0, "t"))
+    assert report.paused == ("a",) and report.pause_deferred == ("b",)
+    assert report.admitted == (("c", "r0"),)
+    assert core.phase(core.sessions["a"]) == "PAUSED" and not core.sessions["a"].admitted
+    b = core.sessions["b"]
+    assert b.admitted and b.pause_pending and core.phase(b) == "RUNNING"
+    core.finish(3.0, "qb", Usage(800, 100))
+    assert core.phase(core.sessions["b"]) == "PAUSED"
+    check_invariants(core)
+
+
+def test_replica_failure_before_first_byte_retries_elsewhere_with_zero_credit() -> None:
+    core = make(replicas=3, max_attempts=2)
+    core.arrive(0.0, req("q1", "s1"))
+    admit(core, "s1", "r0", 0.0)
+    core.dispatch(0.0)
+    core.finish(1.0, "q1", Usage(100, 50, 0))
+    g = core.arrive(2.0, req("q2", "s1"))
+    assert g is not None and g.replica == "r0"
+    assert core.fail_before_first_byte(2.1, "q2", replica_down=True) is True
+    s = core.sessions["s1"]
+    assert not s.admitted and s.cache == () and core.phase(s) == "WAITING"
+    assert not core.replicas["r0"].healthy
+    assert "unhealthy" in core.apply_plan(2.2, PlanDecision((("s1", "r0"),), (), 2.2, "t")).rejected[0][1]
+    admit(core, "s1", "r1", 2.2)
+    g2 = core.dispatch(2.2)
+    assert g2[0].replica == "r1" and g2[0].attempt == 2
+    # second failure: attempts used up -> dropped, session back in the pool
+    assert core.fail_before_first_byte(2.3, "q2", replica_down=False) is False
+    assert "q2" not in core.held and core.phase(core.sessions["s1"]) == "PAUSED"
+    check_invariants(core)
+
+
+def test_drain_and_mid_stream_failure_return_sessions_to_the_pool() -> None:
+    core = make()
+    for sid in ("a", "b"):
+        core.arrive(0.0, req(f"q{sid}", sid))
+        admit(core, sid, "r0", 0.0)
+    core.dispatch(0.0)
+    core.finish(1.0, "qa", Usage(100, 5))
+    core.upsert_replica(rep("r0", draining=True), 1.5)
+    assert not core.sessions["a"].admitted  # ACTING: leaves at once
+    assert core.sessions["b"].admitted and core.sessions["b"].pause_pending  # RUNNING: at request end
+    core.finish(2.0, "qb", None)  # failed after first byte
+    assert not core.sessions["b"].admitted and core.sessions["b"].tokens.requests == 0
+    assert core.used["r0"] == 0
+    check_invariants(core)
+
+
+def test_single_turn_sessions_end_with_their_request() -> None:
+    core = make()
+    core.arrive(0.0, req("q", "one", single=True))
+    admit(core, "one", "r0", 0.0)
+    core.dispatch(0.0)
+    core.finish(1.0, "q", Usage(10, 1))
+    assert "one" not in core.sessions
+    assert "one" in core.take_dirty().ended
+    core.arrive(2.0, req("q2", "two", single=True))
+    core.abandon(3.0, "q2")  # hold timeout
+    assert "two" not in core.sessions and core.tenant_held["A"] == 0
+
+
+def test_release_expire_conflict() -> None:
+    core = make(session_ttl_s=10.0)
+    core.arrive(0.0, req("q1", "s1"))
+    with pytest.raises(SessionConflict):
+        core.arrive(0.0, req("x", "s1", tenant="B"))
+    assert "x" not in core.held
+    admit(core, "s1", "r0", 0.0)
+    core.dispatch(0.0)
+    with pytest.raises(SessionBusy):
+        core.release(0.5, "s1")
+    with pytest.raises(UnknownSession):
+        core.release(0.5, "nope")
+    core.finish(1.0, "q1", Usage(10, 1))
+    core.arrive(1.0, req("q2", "s2"))
+    assert core.release(1.0, "s2") == ["q2"]
+    assert core.expire(5.0) == []
+    assert core.expire(11.5) == ["s1"]
+    assert core.sessions == {} and core.used["r0"] == 0
+    check_invariants(core)
+
+
+def test_per_request_policy_routes_at_once_and_is_not_sticky() -> None:
+    core = make(gating=False, policy="round_robin", replicas=2)
+    seen = []
+    for i in range(4):
+        g = core.arrive(float(i), req(f"q{i}", "s"))
+        assert g is not None
+        seen.append(g.replica)
+        core.finish(float(i) + 0.5, f"q{i}", Usage(10, 1))
+        assert not core.sessions["s"].admitted and core.phase(core.sessions["s"]) == "ACTING"
+    assert seen == ["r0", "r1", "r0", "r1"]
+    report = core.apply_plan(9.0, PlanDecision((("s", "r0"),), (), 9.0, "planner"))
+    assert report.admitted == ()
+    core.upsert_replica(rep("r0", healthy=False), 10.0)
+    core.upsert_replica(rep("r1", healthy=False), 10.0)
+    assert core.arrive(10.0, req("q9", "s")) is None  # no healthy replica: held
+    core.upsert_replica(rep("r1"), 11.0)
+    assert [g.replica for g in core.dispatch(11.0)] == ["r1"]
+    check_invariants(core)
+
+
+def test_snapshot_matches_contract_a_and_validates() -> None:
+    core = make()
+    core.set_caps({"A": 3})
+    core.arrive(0.0, req("q1", "s1", prompt=300))
+    admit(core, "s1", "r0", 0.0)
+    core.dispatch(0.0)
+    core.finish(1.0, "q1", Usage(300, 30, 0))
+    core.arrive(2.0, req("q2", "s2", prompt=50))
+    snap = build_snapshot(core, 3.0, {"s1": True})
+    snap.validate()
+    by_id = {s.id: s for s in snap.sessions}
+    assert by_id["s1"].admitted and by_id["s1"].phase == "ACTING" and by_id["s1"].ready
+    assert by_id["s1"].credits[0].tokens == 330 and by_id["s1"].credits[0].kind == "cached_tokens"
+    assert by_id["s2"].phase == "WAITING" and by_id["s2"].ready and not by_id["s2"].admitted
+    r0 = next(r for r in snap.replicas if r.id == "r0")
+    assert r0.capacity_tokens == 9500 and r0.used_tokens == by_id["s1"].footprint_tokens
+    assert snap.tenant_headroom == {"A": 3}
+    # the local fallback (TAO) admits the waiting session
+    plan = make_policy("tao").plan(snap)
+    report = core.apply_plan(3.1, PlanDecision(tuple((a.session, a.replica) for a in plan.assignments),
+                                               plan.pauses, 3.0, "fallback"))
+    assert ("s2", report.admitted[0][1]) in report.admitted
+    assert core.dispatch(3.1)[0].request_id == "q2"
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["arrive", "plan", "pause", "finish", "fail", "failmid", "abandon", "down", "up",
+                         "drain", "caps", "nocaps", "release", "expire"]),
+        st.integers(0, 5),
+        st.integers(0, 2),
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(OPS)
+def test_random_events_keep_invariants(ops: list[tuple[str, int, int]]) -> None:
+    core = RouterCore(CoreConfig(session_ttl_s=5.0, max_attempts=2))
+    for i in range(3):
+        core.upsert_replica(Replica(f"r{i}", f"http://r{i}", kv_capacity_tokens=3000, healthy=True), 0.0)
+    now = 0.0
+    counter = 0
+    for op, a, b in ops:
+        now += 0.5
+        before_in_flight = set(core.in_flight)
+        before_counts = dict(core.tenant_in_flight)
+        tenant = "AB"[a % 2]
+        sid = f"s{a}"
+        if op == "arrive":
+            counter += 1
+            s = core.sessions.get(sid)
+            if s is None or s.tenant == tenant:
+                core.arrive(now, NewRequest(f"q{counter}", sid, tenant, a == 5, 200 + 100 * b, 100))
+        elif op == "plan":
+            core.apply_plan(now, PlanDecision(((sid, f"r{b}"),), (), now, "t"))
+        elif op == "pause":
+            core.apply_plan(now, PlanDecision((), (sid,), now, "t"))
+            assert set(core.in_flight) == before_in_flight  # a pause never cuts a request
+        elif op in ("finish", "failmid", "fail") and core.in_flight:
+            rid = sorted(core.in_flight)[a % len(core.in_flight)]
+            if op == "finish":
+                finished_tenant = core.in_flight[rid].tenant
+                core.finish(now, rid, Usage(300 + b, 20, 100 * b if b else None))
+                core.dispatch(now, tenant=finished_tenant)
+                assert core.dispatch(now) == []  # the tenant-only dispatch missed nothing
+            elif op == "failmid":
+                core.finish(now, rid, None)
+            else:
+                core.fail_before_first_byte(now, rid, replica_down=b == 0)
+        elif op == "abandon" and core.held:
+            core.abandon(now, sorted(core.held)[a % len(core.held)])
+        elif op in ("down", "up", "drain"):
+            core.upsert_replica(Replica(f"r{b}", f"http://r{b}", kv_capacity_tokens=3000, healthy=op != "down",
+                                        draining=op == "drain"), now)
+            assert set(core.in_flight) == before_in_flight
+        elif op == "caps":
+            core.set_caps({"A": b, "B": a})
+        elif op == "nocaps":
+            core.set_caps(None)
+        elif op == "release":
+            try:
+                core.release(now, sid, force=b == 1)
+            except (SessionBusy, LookupError):
+                pass
+        elif op == "expire":
+            core.expire(now)
+        before_dispatch = dict(core.tenant_in_flight)
+        grants = core.dispatch(now)
+        for g in grants:
+            s = core.sessions[g.session_id]
+            assert s.admitted and s.replica == g.replica and core.replicas[g.replica].healthy
+        if core.caps is not None:
+            for t, cap in core.caps.items():
+                assert core.tenant_in_flight.get(t, 0) <= max(cap, before_dispatch.get(t, 0))
+        for t, n in core.tenant_in_flight.items():
+            assert n <= before_counts.get(t, 0) + len(core.in_flight)
+        for rid, used in core.used.items():
+            assert used >= 0, rid
+        check_invariants(core)
+
+
+def test_restored_sessions_leave_a_replica_that_turns_out_dead() -> None:
+    from services.router.core.model import Session
+
+    core = RouterCore(CoreConfig())
+    core.upsert_replica(rep("r0", healthy=False), 0.0)  # registered, not probed yet
+    core.restore([Session(id="s", tenant="A", created_s=0.0, updated_s=0.0, placed_s=0.0, replica="r0",
+                          admitted=True)])
+    assert core.sessions["s"].admitted and core.used["r0"] > 0
+    core.upsert_replica(rep("r0", healthy=False, draining=False), 1.0)  # first probe: still down
+    assert not core.sessions["s"].admitted and core.used["r0"] == 0
+    check_invariants(core)
