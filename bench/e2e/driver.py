@@ -157,7 +157,7 @@ class TraceDriver:
             async with http.post(f"{self.config.base_url}/v1/chat/completions", json=body, headers=headers) as resp:
                 hold_header = resp.headers.get("x-tao-hold-ms")
                 if hold_header is not None:
-                    hold_s = float(hold_header) / 1000.0 * self.config.time_scale
+                    hold_s = float(hold_header) / 1000.0  # the router reports model milliseconds
                 if resp.status != 200:
                     error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                 else:

@@ -37,8 +37,6 @@ from tao.common.v1 import common_pb2
 class BudgetAllocationRecord(AllocationRecord):
     """What the budget service stores under ``keys.ALLOCATION`` (an ``AllocationRecord``)."""
 
-    #: admission limit per tenant: the router admits while in flight < limit (<= cap)
-    limits: dict[str, int] = Field(default_factory=dict)
     targets: dict[str, int] = Field(default_factory=dict)
     demand_envelope: dict[str, int] = Field(default_factory=dict)
     computed_at_s: float = 0.0
@@ -113,7 +111,8 @@ def allocation_from_record(rec: BudgetAllocationRecord) -> Allocation:
 def allocation_to_proto(rec: AllocationRecord) -> budget_pb2.Allocation:
     return budget_pb2.Allocation(
         revision=common_pb2.Revision(epoch=rec.epoch, revision=rec.rev),
-        total=rec.total, caps=rec.caps, policy=rec.policy, decided_at_unix_s=rec.decided_at_unix_s,
+        total=rec.total, caps=rec.caps, limits=rec.limits or rec.caps, policy=rec.policy,
+        decided_at_unix_s=rec.decided_at_unix_s,
         decisions=[budget_pb2.Decision(kind=d.kind, to_tenant=d.to_tenant, from_tenant=d.from_tenant,
                                        slots=d.slots, reason=d.reason) for d in rec.decisions],
     )

@@ -162,6 +162,9 @@ class AllocationRecord(Record):
 
     total: int = Field(gt=0)
     caps: dict[str, int]
+    #: admission ceilings (also sum to total): a draining donor's limit is below its cap so it
+    #: stops refilling slots another tenant is owed; empty means "limits = caps"
+    limits: dict[str, int] = Field(default_factory=dict)
     policy: str
     decisions: tuple[DecisionRecord, ...] = ()
     decided_at_unix_s: float

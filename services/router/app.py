@@ -130,7 +130,7 @@ class Gateway:
         granted = rt.now()
         rt.metrics.hold.observe(granted - arrived)
         ex = Exchange(request_id, sid, tenant, path, parsed, arrived, arrived + self.settings.hold_timeout_s,
-                      pre_s=own_s, mark_s=granted)
+                      pre_s=own_s, mark_s=granted, hold_s=granted - arrived)
         response = await serve(rt, request, ex, grant)
         rt.metrics.requests.labels(path, str(response.status)).inc()
         return response

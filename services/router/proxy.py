@@ -58,6 +58,8 @@ class Exchange:
     #: when the current stretch of router-own time started
     mark_s: float = 0.0
     settled: bool = False
+    #: model seconds the request was held before admission (reported as x-tao-hold-ms)
+    hold_s: float = 0.0
 
     def forwarding(self, now_s: float) -> None:
         """The upstream call starts: close the current stretch of router time."""
@@ -162,7 +164,8 @@ async def _attempt(rt: RouterRuntime, request: web.Request, ex: Exchange, grant:
     except UPSTREAM_ERRORS as exc:
         raise UpstreamFailed(f"{grant.replica}: {type(exc).__name__}: {exc}") from exc
     try:
-        out_headers = {"x-tao-replica": grant.replica, "x-tao-session": ex.session_id}
+        out_headers = {"x-tao-replica": grant.replica, "x-tao-session": ex.session_id,
+                       "x-tao-hold-ms": f"{ex.hold_s * 1000:.3f}"}
         if resp.status in RETRYABLE_STATUS:
             raise UpstreamFailed(f"{grant.replica} answered {resp.status}")
         if not ex.parsed.stream or resp.status != 200:

