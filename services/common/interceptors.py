@@ -98,48 +98,39 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         async def map_error(context: grpc.aio.ServicerContext, exc: DomainError) -> None:
             await context.abort(exc.code, str(exc) or type(exc).__name__)
 
-        if not handler.request_streaming and not handler.response_streaming:
+        async def unary_response(inner: Callable[..., Awaitable[Any]], request: Any,
+                                 context: grpc.aio.ServicerContext) -> Any:
+            started = time.perf_counter()
+            error: BaseException | None = None
+            try:
+                await begin(context)
+                return await inner(request, context)
+            except DomainError as exc:
+                error = exc
+                await map_error(context, exc)
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                finish(context, started, error)
+
+        if not handler.response_streaming:
+            if handler.request_streaming:
+                inner_su = handler.stream_unary
+
+                async def stream_unary(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+                    return await unary_response(inner_su, requests, context)
+
+                return grpc.stream_unary_rpc_method_handler(
+                    stream_unary, handler.request_deserializer, handler.response_serializer
+                )
             inner_uu = handler.unary_unary
 
             async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                started = time.perf_counter()
-                error: BaseException | None = None
-                try:
-                    await begin(context)
-                    return await inner_uu(request, context)
-                except DomainError as exc:
-                    error = exc
-                    await map_error(context, exc)
-                except BaseException as exc:
-                    error = exc
-                    raise
-                finally:
-                    finish(context, started, error)
+                return await unary_response(inner_uu, request, context)
 
             return grpc.unary_unary_rpc_method_handler(
                 unary_unary, handler.request_deserializer, handler.response_serializer
-            )
-
-        if handler.request_streaming and not handler.response_streaming:
-            inner_su = handler.stream_unary
-
-            async def stream_unary(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
-                started = time.perf_counter()
-                error: BaseException | None = None
-                try:
-                    await begin(context)
-                    return await inner_su(requests, context)
-                except DomainError as exc:
-                    error = exc
-                    await map_error(context, exc)
-                except BaseException as exc:
-                    error = exc
-                    raise
-                finally:
-                    finish(context, started, error)
-
-            return grpc.stream_unary_rpc_method_handler(
-                stream_unary, handler.request_deserializer, handler.response_serializer
             )
 
         inner_stream = handler.unary_stream if not handler.request_streaming else handler.stream_stream
