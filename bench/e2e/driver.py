@@ -61,6 +61,11 @@ class DriverConfig:
     model: str | None = None
     request_timeout_s: float = 600.0
     tenant_header: str | None = None
+    #: answers 503 (held past the router's hold timeout) are retried after Retry-After, this often
+    max_retries_503: int = 5
+    #: release each session when its last turn ends (TAO's /v1/sessions/{id}/release), as a
+    #: harness integrated with TAO or ThunderAgent does; 404 from other endpoints is ignored
+    release_sessions: bool = True
 
 
 @dataclass
@@ -76,6 +81,7 @@ class RequestResult:
     cached_tokens: int
     hold_s: float | None
     error: str | None = None
+    retries: int = 0
 
 
 @dataclass
@@ -127,6 +133,23 @@ class TraceDriver:
             return str(body["data"][0]["id"])
 
     async def _request(self, http: aiohttp.ClientSession, model: str, session: Session, turn_index: int) -> RequestResult:
+        """One turn; a 503 (held too long at the router) is retried after its Retry-After,
+        with TTFT and latency measured from the first attempt, as the agent experiences them."""
+        first_sent = time.monotonic()
+        retries = 0
+        while True:
+            result, retry_after = await self._attempt(http, model, session, turn_index, first_sent)
+            if retry_after is None or retries >= self.config.max_retries_503:
+                break
+            retries += 1
+            await asyncio.sleep(min(retry_after, 5.0) / max(1.0, self.config.time_scale))
+        result.retries = retries
+        if self.on_request is not None:
+            self.on_request(result)
+        return result
+
+    async def _attempt(self, http: aiohttp.ClientSession, model: str, session: Session, turn_index: int,
+                       sent: float) -> tuple[RequestResult, float | None]:
         turn = session.turns[turn_index]
         prompt_tokens = _prompt_tokens(session, turn_index)
         body: dict[str, Any] = {
@@ -148,8 +171,8 @@ class TraceDriver:
         headers = {"x-session-id": session.session_id, "authorization": f"Bearer {self.config.api_key}"}
         if self.config.tenant_header:
             headers["x-tao-tenant"] = session.tenant
-        sent = time.monotonic()
         ttft: float | None = None
+        retry_after: float | None = None
         usage: dict[str, Any] = {}
         hold_s: float | None = None
         error: str | None = None
@@ -160,6 +183,8 @@ class TraceDriver:
                     hold_s = float(hold_header) / 1000.0  # the router reports model milliseconds
                 if resp.status != 200:
                     error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                    if resp.status == 503:
+                        retry_after = float(resp.headers.get("Retry-After", "1") or 1)
                 else:
                     async for raw in resp.content:
                         line = raw.strip()
@@ -190,9 +215,15 @@ class TraceDriver:
             completion_tokens=int(usage.get("completion_tokens", 0)),
             cached_tokens=int(details.get("cached_tokens", 0) or 0), hold_s=hold_s, error=error,
         )
-        if self.on_request is not None:
-            self.on_request(result)
-        return result
+        return result, (retry_after if error is not None else None)
+
+    async def _release(self, http: aiohttp.ClientSession, session_id: str) -> None:
+        headers = {"authorization": f"Bearer {self.config.api_key}"}
+        try:
+            async with http.post(f"{self.config.base_url}/v1/sessions/{session_id}/release", headers=headers) as resp:
+                await resp.read()
+        except (TimeoutError, aiohttp.ClientError):
+            pass
 
     async def _run_tool(self, session: Session, turn_index: int) -> None:
         tool = session.turns[turn_index].tool
@@ -229,6 +260,8 @@ class TraceDriver:
                         self.acting -= 1
             else:
                 result.completed = True
+            if self.config.release_sessions:
+                await self._release(http, session.session_id)
         finally:
             result.ended_at_s = self._now_model_s()
             self.active -= 1

@@ -53,6 +53,8 @@ def metrics_of(result: DriverResult, preemptions: int = 0) -> dict[str, Any]:
     requests, sessions = to_records(result)
     out: dict[str, Any] = dict(summarize(requests, sessions, preemptions, 0.0))
     out["errors"] = result.errors
+    out["retries_503"] = sum(r.retries for s in result.sessions for r in s.requests)
+    out["error_samples"] = sorted({r.error[:120] for s in result.sessions for r in s.requests if r.error})[:5]
     out["requests"] = len(requests)
     out["wall_s"] = round(result.wall_s, 3)
     return out

@@ -29,14 +29,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=2, help="emulated vLLM replicas")
     parser.add_argument("--profile", default="qwen3-32b-h100x2", help="engine profile of the replicas")
     parser.add_argument("--workload", default="swe-lite", help="workload kind (tao workload generate --kind)")
-    parser.add_argument("--sessions", type=int, default=24, help="agent sessions to run")
+    parser.add_argument("--sessions", type=int, default=16, help="agent sessions to run")
     parser.add_argument("--concurrency", type=int, default=None, help="sessions active at once (default: all)")
     parser.add_argument("--duration", type=float, default=None, help="stop each run's workload after S wall seconds")
     parser.add_argument("--policy", default="tao", help="placement policy under test")
     parser.add_argument("--compare", default="round_robin", help="baseline policy run on the same workload ('none' to skip)")
-    parser.add_argument("--time-scale", type=float, default=10.0, help="simulated seconds per wall second")
+    parser.add_argument("--time-scale", type=float, default=20.0, help="simulated seconds per wall second")
     parser.add_argument("--seed", type=int, default=1, help="workload seed")
-    parser.add_argument("--num-gpu-blocks", type=int, default=None, help="KV blocks per replica (default: profile)")
+    parser.add_argument("--num-gpu-blocks", type=int, default=8000,
+                        help="KV blocks (16 tokens) per replica; the default 8000 (128k tokens) makes 16 agent "
+                             "sessions contend for KV cache the way 100+ do on a full-size replica; 0 = profile's")
     parser.add_argument("--budget", type=int, default=64, help="tenant admission budget B")
     parser.add_argument("--redis-url", default=None, help="use this Redis instead of an embedded one")
     parser.add_argument("--router-port", type=int, default=None, help="router HTTP port (default: a free one)")
@@ -189,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         for policy in policies_to_run:
             cfg = StackConfig(replicas=args.replicas, profile=args.profile, policy=policy, time_scale=args.time_scale,
                               redis_url=args.redis_url, router_http_port=args.router_port,
-                              num_gpu_blocks=args.num_gpu_blocks, total_budget=args.budget, tenants=tenants,
+                              num_gpu_blocks=args.num_gpu_blocks or None, total_budget=args.budget, tenants=tenants,
                               log_dir=report_dir / "logs" / policy)
             stack = Stack(cfg)
             console.print(f"[bold]starting the stack[/] (policy {policy}, {args.replicas} × {args.profile}, "
