@@ -18,8 +18,17 @@ TAO = [sys.executable, "-m", "services.cli"]
 
 
 def _health(address: str) -> str:
-    out = subprocess.run([*TAO, "health", address, "--timeout", "1"], capture_output=True, text=True)
-    return out.stdout.strip()
+    """One gRPC health check, in process (a `tao health` subprocess per poll would itself take
+    most of a second to start on a loaded 2-core machine); `tao health` is tested below."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=0.5)
+        except grpc.RpcError as exc:
+            return exc.code().name
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
 @pytest.mark.parametrize("service", SERVICES)
@@ -37,8 +46,10 @@ def test_serve_reports_serving_and_stops_on_sigterm(service: str, redis_url: str
             if status == "SERVING":
                 break
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            time.sleep(0.1)
+            time.sleep(0.05)
         assert status == "SERVING", f"{service} not SERVING within 5 s: {status}"
+        probe = subprocess.run([*TAO, "health", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=30)
+        assert (probe.returncode, probe.stdout.strip()) == (0, "SERVING")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=2 + 3) == 0
     finally:
