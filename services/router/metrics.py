@@ -68,3 +68,11 @@ class RouterMetrics:
         self.plans = Counter("tao_router_plans_applied", "Plans applied, by source.", ["source"],
                              registry=registry)
         registry.register(_StateCollector(runtime))
+        self._request_children: dict[tuple[str, int], Counter] = {}
+
+    def count_request(self, endpoint: str, status: int) -> None:
+        """``requests{endpoint, code}`` += 1, through a child bound once per label pair."""
+        child = self._request_children.get((endpoint, status))
+        if child is None:
+            child = self._request_children[(endpoint, status)] = self.requests.labels(endpoint, str(status))
+        child.inc()

@@ -1,6 +1,8 @@
 """Forwarding a granted request to its replica and relaying the answer.
 
-- Streams are relayed event by event as they arrive (split on the SSE blank line, never
+- Upstream calls go through ``upstream.UpstreamPool`` (keep-alive HTTP/1.1). Streams are
+  relayed event by event as they arrive by ``relay.StreamRelay``, straight from the upstream
+  protocol callback to the client's transport (split on the SSE blank line, never
   re-encoded); only events that carry a ``usage`` object are parsed. If the client did not
   ask for usage, the router asked on its behalf and drops the final usage-only chunk.
 - A failure before the first byte reaches the client (connection refused/reset, timeout,
@@ -17,23 +19,23 @@ Every grant is settled exactly once (``finish`` or ``retry``), whatever happens.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import re
 from dataclasses import dataclass
-from typing import Any
 
-import aiohttp
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
-from services.router.core.model import Grant, Usage
+from services.router.core.model import Grant
+from services.router.relay import StreamRelay, parse_usage, take_usage
 from services.router.runtime import HoldTimeout, RouterRuntime, SessionReleased
+from services.router.upstream import Origin, UpstreamError, request_head
+from services.router.upstream_pool import UpstreamResponse
 from services.router.validation import ParsedRequest, RequestError
 
-USAGE_RE = re.compile(rb'"usage"\s*:\s*\{')
+__all__ = ["Exchange", "error_response", "parse_usage", "serve", "take_usage", "unavailable"]
+
 RETRYABLE_STATUS = frozenset({502, 503, 504})
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
+CLIENT_WRITE_ERRORS = (ConnectionResetError, RuntimeError)  # aiohttp's ClientConnectionResetError is one
 
 
 class UpstreamFailed(Exception):
@@ -75,43 +77,6 @@ def unavailable(rt: RouterRuntime, message: str) -> web.Response:
     return error_response(err, {"Retry-After": str(rt.settings.retry_after_s)})
 
 
-def parse_usage(obj: Any) -> Usage | None:
-    usage = obj.get("usage") if isinstance(obj, dict) else None
-    if not isinstance(usage, dict):
-        return None
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if not isinstance(prompt, int) or not isinstance(completion, int):
-        return None
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return Usage(prompt, completion, cached if isinstance(cached, int) else None)
-
-
-def take_usage(block: bytes, strip: bool) -> tuple[bytes, Usage | None]:
-    """Read usage from the events of ``block`` that carry it; drop a usage-only chunk (or the
-    usage field) when ``strip``."""
-    found: Usage | None = None
-    out = []
-    for event in block.split(b"\n\n"):
-        if not event or not USAGE_RE.search(event):
-            out.append(event)
-            continue
-        payload = event[event.index(b"data:") + 5:] if b"data:" in event else b""
-        try:
-            obj = json.loads(payload)
-        except ValueError:
-            out.append(event)
-            continue
-        found = parse_usage(obj) or found
-        if not strip:
-            out.append(event)
-        elif obj.get("choices"):
-            obj.pop("usage", None)
-            out.append(b"data: " + json.dumps(obj, separators=(",", ":")).encode())
-    kept = b"\n\n".join(e for e in out if e)
-    return (kept + b"\n\n" if kept else b""), found
-
-
 def _stream_error(message: str) -> bytes:
     body = {"error": {"message": message, "type": "server_error", "param": None, "code": 502}}
     return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
@@ -125,7 +90,7 @@ async def serve(rt: RouterRuntime, request: web.Request, ex: Exchange, grant: Gr
             try:
                 if entry is None:
                     raise UpstreamFailed(f"replica {grant.replica} was removed")
-                return await _attempt(rt, request, ex, grant, entry.url)
+                return await _attempt(rt, request, ex, grant, entry.origin)
             except UpstreamFailed as exc:
                 down = rt.replica_failed(grant.replica, str(exc))
                 ex.settled = True
@@ -147,22 +112,15 @@ async def serve(rt: RouterRuntime, request: web.Request, ex: Exchange, grant: Gr
             rt.finish(ex.request_id, ex.tenant, None, rt.now() - ex.arrived_s)
 
 
-def _headers(rt: RouterRuntime, ex: Exchange) -> dict[str, str]:
-    headers = {"Content-Type": "application/json", "X-Request-Id": ex.request_id}
-    key = rt.settings.upstream_api_key
-    if key is not None:
-        headers["Authorization"] = f"Bearer {key.get_secret_value()}"
-    return headers
-
-
 async def _attempt(rt: RouterRuntime, request: web.Request, ex: Exchange, grant: Grant,
-                   url: str) -> web.StreamResponse:
-    assert rt.http is not None
+                   origin: Origin) -> web.StreamResponse:
+    body = ex.parsed.upstream_body
+    head = request_head(origin, ex.path, {**rt.upstream_headers, "X-Request-Id": ex.request_id}, len(body))
     ex.forwarding(rt.now())
     try:
-        resp = await rt.http.post(url + ex.path, data=ex.parsed.upstream_body, headers=_headers(rt, ex))
-    except UPSTREAM_ERRORS as exc:
-        raise UpstreamFailed(f"{grant.replica}: {type(exc).__name__}: {exc}") from exc
+        resp = await rt.upstream.post(origin, head, body)
+    except UpstreamError as exc:
+        raise UpstreamFailed(f"{grant.replica}: {exc}") from exc
     try:
         out_headers = {"x-tao-replica": grant.replica, "x-tao-session": ex.session_id,
                        "x-tao-hold-ms": f"{ex.hold_s * 1000:.3f}"}
@@ -170,14 +128,14 @@ async def _attempt(rt: RouterRuntime, request: web.Request, ex: Exchange, grant:
             raise UpstreamFailed(f"{grant.replica} answered {resp.status}")
         if not ex.parsed.stream or resp.status != 200:
             try:
-                body = await resp.read()
-            except UPSTREAM_ERRORS as exc:
-                raise UpstreamFailed(f"{grant.replica}: {type(exc).__name__} reading the answer") from exc
+                data = await resp.read()
+            except UpstreamError as exc:
+                raise UpstreamFailed(f"{grant.replica}: {exc} reading the answer") from exc
             answered = rt.now()
             usage = None
             if resp.status == 200:
                 try:
-                    usage = parse_usage(json.loads(body))
+                    usage = parse_usage(json.loads(data))
                 except ValueError:
                     usage = None
             elapsed = rt.now() - ex.arrived_s
@@ -185,8 +143,8 @@ async def _attempt(rt: RouterRuntime, request: web.Request, ex: Exchange, grant:
             rt.registry.report_success(grant.replica)
             ex.settled = True
             rt.finish(ex.request_id, ex.tenant, usage, elapsed)
-            out_headers["Content-Type"] = resp.headers.get("Content-Type", "application/json")
-            response = web.Response(body=body, status=resp.status, headers=out_headers)
+            out_headers["Content-Type"] = resp.headers.get("content-type", "application/json")
+            response = web.Response(body=data, status=resp.status, headers=out_headers)
             rt.metrics.overhead.observe(rt.wall(ex.pre_s + rt.now() - answered))
             return response
         return await _relay(rt, request, ex, grant, resp, out_headers)
@@ -195,68 +153,85 @@ async def _attempt(rt: RouterRuntime, request: web.Request, ex: Exchange, grant:
 
 
 async def _relay(rt: RouterRuntime, request: web.Request, ex: Exchange, grant: Grant,
-                 resp: aiohttp.ClientResponse, out_headers: dict[str, str]) -> web.StreamResponse:
+                 resp: UpstreamResponse, out_headers: dict[str, str]) -> web.StreamResponse:
+    """Relay a stream (``StreamRelay`` writes the events; this task prepares the client
+    response, drains it under backpressure and settles the end)."""
+    relay = StreamRelay(resp, not ex.parsed.client_wants_usage, rt.now)
+    resp.attach(relay)
     client: web.StreamResponse | None = None
-    strip = not ex.parsed.client_wants_usage
-    usage: Usage | None = None
-    buf = b""
-    done = False
-
-    async def send(data: bytes, read_at_s: float = 0.0) -> None:
-        nonlocal client
-        try:
-            if client is None:
-                client = web.StreamResponse(status=200, headers={**SSE_HEADERS, **out_headers})
-                await client.prepare(request)
-                await client.write(data)
-                now = rt.now()
-                rt.first_token(ex.request_id, now - ex.arrived_s)
-                rt.metrics.ttft.observe(now - ex.arrived_s)
-                if read_at_s:
-                    rt.metrics.overhead.observe(rt.wall(ex.pre_s + now - read_at_s))
-                return
-            await client.write(data)
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError, RuntimeError) as exc:
-            raise ClientGone() from exc
-
     try:
-        try:
-            async for chunk in resp.content.iter_any():
-                read_at = rt.now() if client is None else 0.0
-                buf = buf + chunk if buf else chunk
-                cut = buf.rfind(b"\n\n")
-                if cut < 0:
-                    continue
-                block, buf = buf[: cut + 2], buf[cut + 2:]
-                if b'"usage"' in block and USAGE_RE.search(block):
-                    block, found = take_usage(block, strip)
-                    usage = found or usage
-                if block.endswith(b"[DONE]\n\n"):
-                    done = True
-                if block:
-                    await send(block, read_at)
-        except UPSTREAM_ERRORS as exc:
+        while True:
+            await relay.wait()
+            if relay.client_gone:
+                raise ClientGone()
+            if client is None and relay.pending:
+                client = await _open_client(rt, request, ex, relay, out_headers)
+            if relay.paused:
+                assert client is not None
+                try:
+                    await request.writer.drain()
+                except CLIENT_WRITE_ERRORS as exc:
+                    raise ClientGone() from exc
+                relay.resume()
+            if relay.saw_done or (relay.ended and not relay.paused):
+                break
+        if relay.client_gone:
+            raise ClientGone()
+        if relay.saw_done:
+            resp.release_when_done()  # the replica's end of body follows [DONE]: keep the connection
+            rt.registry.report_success(grant.replica)
+            ex.settled = True
+            rt.finish(ex.request_id, ex.tenant, relay.usage, rt.now() - ex.arrived_s)
             if client is None:
-                raise UpstreamFailed(f"{grant.replica}: {type(exc).__name__} before the first event") from exc
-            rt.replica_failed(grant.replica, f"mid-stream: {exc}")
-            await send(_stream_error(f"replica {grant.replica} failed mid-stream: {type(exc).__name__}"))
+                client = await _open_client(rt, request, ex, relay, out_headers)
+            try:
+                await client.write_eof(relay.final)  # the last events and the end of the response: one write
+            except CLIENT_WRITE_ERRORS:
+                pass  # the client went away at the very end: the request is complete all the same
             return client
-        if buf:
-            await send(buf)
-        if not done:
+        if relay.error is not None:
             if client is None:
-                raise UpstreamFailed(f"{grant.replica} closed the stream before its first event")
-            rt.replica_failed(grant.replica, "stream ended without [DONE]")
-            await send(_stream_error(f"replica {grant.replica} ended the stream early"))
+                raise UpstreamFailed(f"{grant.replica}: {relay.error} before the first event")
+            rt.replica_failed(grant.replica, f"mid-stream: {relay.error}")
+            relay.send(_stream_error(f"replica {grant.replica} failed mid-stream: {relay.error}"))
             return client
-        rt.registry.report_success(grant.replica)
-        ex.settled = True
-        rt.finish(ex.request_id, ex.tenant, usage, rt.now() - ex.arrived_s)
-        assert client is not None
-        await client.write_eof()
+        if relay.leftover:
+            if client is None:
+                relay.pending.append(relay.leftover)
+                client = await _open_client(rt, request, ex, relay, out_headers)
+            else:
+                relay.send(relay.leftover)
+        # the body ended without [DONE]
+        if client is None:
+            raise UpstreamFailed(f"{grant.replica} closed the stream before its first event")
+        rt.replica_failed(grant.replica, "stream ended without [DONE]")
+        relay.send(_stream_error(f"replica {grant.replica} ended the stream early"))
         return client
     except ClientGone:
         resp.close()  # the replica aborts the request
         ex.settled = True
         rt.finish(ex.request_id, ex.tenant, None, rt.now() - ex.arrived_s)
         return client if client is not None else web.Response(status=499)
+
+
+async def _open_client(rt: RouterRuntime, request: web.Request, ex: Exchange, relay: StreamRelay,
+                       out_headers: dict[str, str]) -> web.StreamResponse:
+    """Send the client's response head and the first events; record TTFT and own time."""
+    client = web.StreamResponse(status=200, headers={**SSE_HEADERS, **out_headers})
+    chunked = request.version == HttpVersion11
+    if chunked:
+        client.enable_chunked_encoding()
+    try:
+        await client.prepare(request)
+    except CLIENT_WRITE_ERRORS as exc:
+        raise ClientGone() from exc
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        raise ClientGone()
+    relay.attach_client(transport, chunked)
+    now = rt.now()
+    rt.first_token(ex.request_id, now - ex.arrived_s)
+    rt.metrics.ttft.observe(now - ex.arrived_s)
+    if relay.first_read_s:
+        rt.metrics.overhead.observe(rt.wall(ex.pre_s + now - relay.first_read_s))
+    return client

@@ -23,7 +23,6 @@ import contextlib
 import math
 from dataclasses import dataclass
 
-import aiohttp
 import structlog
 from redis.exceptions import RedisError
 
@@ -44,6 +43,9 @@ from services.router.replicas import ReplicaEntry, ReplicaRegistry, parse_replic
 from services.router.settings import Settings
 from services.router.store import StateStore
 from services.router.tasks import reraise_if_cancelling, stop_tasks
+from services.router.upstream_pool import UpstreamPool
+
+UPSTREAM_KEEPALIVE_S = 60.0  # idle keep-alive connections to replicas are closed after this (wall s)
 
 
 class HoldTimeout(Exception):
@@ -100,7 +102,14 @@ class RouterRuntime:
                                      apply=self._apply_allocation, poll_s=settings.plan_poll_s, log=self.log)
         self.metrics = RouterMetrics(ctx.metrics, self)
         self.models: frozenset[str] = frozenset()
-        self.http: aiohttp.ClientSession | None = None
+        self.upstream = UpstreamPool(
+            connect_timeout_s=settings.upstream_connect_timeout_s, read_timeout_s=settings.upstream_read_timeout_s,
+            max_connections=settings.upstream_max_connections, keepalive_s=UPSTREAM_KEEPALIVE_S,
+        )
+        #: headers of every upstream request (plus its X-Request-Id); the client's key is never among them
+        self.upstream_headers: dict[str, str] = {"Content-Type": "application/json"}
+        if settings.upstream_api_key is not None:
+            self.upstream_headers["Authorization"] = f"Bearer {settings.upstream_api_key.get_secret_value()}"
         self.planner_fresh_s = -math.inf
         self.last_plan: PlanRecord | None = None
         self.fallback_runs = 0
@@ -127,13 +136,7 @@ class RouterRuntime:
 
     async def start(self) -> None:
         s = self.settings
-        connector = aiohttp.TCPConnector(limit=s.upstream_max_connections, keepalive_timeout=60,
-                                         enable_cleanup_closed=True)
-        self.http = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(total=None, connect=s.upstream_connect_timeout_s,
-                                          sock_read=s.upstream_read_timeout_s),
-        )
+        await self.upstream.start()
         sessions, replica_records = await self.store.restore(self.now())
         for spec in s.replicas:
             rid, url = parse_replica_spec(spec)
@@ -169,8 +172,7 @@ class RouterRuntime:
         for w in self._waiters.values():
             if not w.future.done():
                 w.future.set_exception(HoldTimeout())
-        if self.http is not None:
-            await self.http.close()
+        await self.upstream.close()
 
     # ------------------------------------------------------------------ requests
 

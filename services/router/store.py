@@ -44,6 +44,9 @@ if TYPE_CHECKING:
 
 POOL_PUBLISH_MAX = 32
 POOL_FLUSH_S = 0.002
+#: session records serialised between two yields to the event loop (~40 us each): a flush of
+#: hundreds of dirty sessions must not stall the requests being relayed
+FLUSH_SLICE = 16
 
 
 def p99(values: deque[float]) -> float:
@@ -246,19 +249,26 @@ class StateStore:
         if not (self._sessions or self._ended or self._tenants or self._replicas or self._pool):
             return
         now = self._now()
-        sessions: dict[Any, Any] = {sid: dump(self.session_record(s)) for sid in self._sessions
-                    if (s := self._core.sessions.get(sid)) is not None}
-        ended = [sid for sid in self._ended if sid not in self._core.sessions]
+        # what this flush writes; marks added while it yields stay for the next one
+        taken = (set(self._sessions), set(self._ended), set(self._tenants), set(self._replicas), set(self._pool))
+        sessions: dict[Any, Any] = {}
+        for i, sid in enumerate(taken[0]):
+            if i and i % FLUSH_SLICE == 0:
+                await asyncio.sleep(0)  # let requests run between slices of serialisation
+            s = self._core.sessions.get(sid)
+            if s is not None:
+                sessions[sid] = dump(self.session_record(s))
+        ended = [sid for sid in taken[1] if sid not in self._core.sessions]
         replicas: dict[Any, Any] = {}
         gone_replicas = []
-        for rid in self._replicas:
+        for rid in taken[3]:
             rec = self.replica_record(rid, now)
             if rec is None:
                 gone_replicas.append(rid)
             else:
                 replicas[rid] = dump(rec)
-        demand: dict[Any, Any] = {t: dump(self.demand_record(t, now)) for t in self._tenants}
-        pool = sorted(self._pool)[:POOL_PUBLISH_MAX]
+        demand: dict[Any, Any] = {t: dump(self.demand_record(t, now)) for t in taken[2]}
+        pool = sorted(taken[4])[:POOL_PUBLISH_MAX]
         pipe = self._redis.pipeline(transaction=False)
         pipe.set(keys.epoch_key("router"), self.revisions.epoch)
         if sessions:
@@ -275,4 +285,8 @@ class StateStore:
             pipe.publish(keys.POOL_CHANNEL, sid)
         await pipe.execute()
         self.flushes += 1
-        self._sessions, self._ended, self._tenants, self._replicas, self._pool = set(), set(), set(), set(), set()
+        self._sessions -= taken[0]
+        self._ended -= taken[1]
+        self._tenants -= taken[2]
+        self._replicas -= taken[3]
+        self._pool -= taken[4]

@@ -121,6 +121,8 @@ class HistoryStore:
         return self._h.get(key)
 
     def add(self, key: str, duration_s: float) -> None:
+        if not math.isfinite(duration_s):  # e.g. a ratio over a denormal deadline: not evidence
+            return
         h = self._h.get(key)
         if h is None:
             h = self._h[key] = DurationHistory()
