@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +45,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="simulations in parallel (processes)")
     ap.add_argument("--seed", type=int, default=0, help="workload and predictor seed")
     ap.add_argument("--only", default=None, help="run only configurations whose key contains this")
+    ap.add_argument("--sessions-scale", type=float, default=1.0,
+                    help="multiply every configuration's session count (at least its concurrency); <1 is faster")
     args = ap.parse_args(argv)
     console = Console(width=max(Console().width, 150))
 
     points: tuple[GridPoint, ...] = quick_grid() if args.quick else GRID
+    if args.sessions_scale != 1.0:
+        if args.sessions_scale <= 0:
+            print("--sessions-scale must be > 0", file=sys.stderr)
+            return 2
+        points = tuple(replace(p, sessions=max(p.concurrency, round(p.sessions * args.sessions_scale)))
+                       for p in points)
     if args.only:
         points = tuple(p for p in points if args.only in p.key)
         if not points:
@@ -102,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"simulation summed over {len(results)} runs, jobs={args.jobs}); machine: {machine}")
     if args.json_out:
         doc = {
-            "quick": args.quick, "seed": args.seed, "jobs": args.jobs, "runtime_s": wall,
+            "quick": args.quick, "seed": args.seed, "jobs": args.jobs, "sessions_scale": args.sessions_scale,
+            "runtime_s": wall,
             "simulation_s_summed": sim_wall, "simulation_cpu_s_summed": sim_cpu, "machine": machine, "targets": SEED_TARGETS,
             "configurations": [
                 {"key": p.key, "setup": p.setup, "profile": p.profile.name, "replicas": p.replicas,

@@ -114,6 +114,10 @@ def _make_tool(rng: random.Random, spec: KindSpec, kind: ToolKind, repo: str) ->
         deadline = rng.choice(kind.timeouts_s)
         extra["t"] = int(deadline)
         duration = min(duration, deadline)  # killed at the timeout
+    if spec.step_overhead_s is not None:
+        duration += sample(rng, spec.step_overhead_s)
+        if deadline is not None:
+            duration = min(duration, deadline)
     if "harness" in kind.hints and spec.harness_timeout_s is not None:
         duration = min(duration, spec.harness_timeout_s)
         deadline = spec.harness_timeout_s if deadline is None else min(deadline, spec.harness_timeout_s)

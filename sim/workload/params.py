@@ -31,6 +31,11 @@ Sources (S1..S9 are referred to below):
   are "lightweight and predictable"; agent steps reason on GPU, act on CPU.
 - S9 TAO budget seed (DESIGN §4): bursty chat tenant with 64-token outputs versus a saturating
   batch tenant with 512-token outputs.
+- S10 ThunderAgent's SWE-agent profile (github.com/ThunderAgent-org/ThunderAgent,
+  ``SWE-agent-profile/real_chunk_prefill/...GLM-4.5-FP8...bs32/*/stage_timings.jsonl``): per step,
+  tool execution 0.11–0.64 s, plus harness time around it (response parsing before the tool,
+  0.02–0.5 s; observation packaging after it, 0.13–0.22 s), so requests follow each other
+  0.4–1.1 s apart for fast tools; 26 steps for django__django-13933.
 The step-phase shift (exploration early, edits and tests late) follows the trajectory analyses
 of SWE-agent/OpenHands runs (e.g. Graphectory, arXiv:2512.02393: localisation → patching →
 validation).
@@ -123,6 +128,9 @@ class KindSpec:
     harness_timeout_s: float | None
     arrival: Arrival
     repos: tuple[str, ...] = field(default=())
+    # Harness time between an LLM response and the next request besides the tool itself
+    # (parsing, observation packaging), folded into each tool's duration_s (S10).
+    step_overhead_s: Dist | None = None
 
 
 SWE_REPOS = (
@@ -168,6 +176,7 @@ SWE_LITE = KindSpec(
     wrap_tokens=15,  # <returncode>…</returncode><output>…</output> (S1)
     tools=_MINI_TOOLS, harness_timeout_s=60.0,  # S1
     arrival=Arrival("batch"), repos=SWE_REPOS,
+    step_overhead_s=Dist(0.4, 0.7, 0.15, 2.0),  # S10
 )
 
 # ---- swe-verified: OpenHands CodeAct on SWE-bench Verified (S2, S7, S8, S4) ----
@@ -199,6 +208,7 @@ SWE_VERIFIED = KindSpec(
     wrap_tokens=25,
     tools=_OPENHANDS_TOOLS, harness_timeout_s=None,
     arrival=Arrival("batch"), repos=SWE_REPOS,
+    step_overhead_s=Dist(0.4, 0.7, 0.15, 2.0),  # S10 (same order for OpenHands' event loop; estimate)
 )
 
 # ---- terminal-bench: Claude Code harness on Terminal-Bench 2.0 (S4, S5, S6) ----
@@ -237,6 +247,7 @@ TERMINAL_BENCH = KindSpec(
     wrap_tokens=20,
     tools=_CLAUDE_CODE_TOOLS, harness_timeout_s=120.0,  # Bash default timeout (S5)
     arrival=Arrival("batch"),
+    step_overhead_s=Dist(0.3, 0.6, 0.1, 2.0),  # S10 order of magnitude (estimate for Claude Code)
 )
 
 # ---- chat-bursty / batch-steady: the two tenants of the budget seed (S9) ----

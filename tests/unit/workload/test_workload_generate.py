@@ -88,7 +88,7 @@ def test_hints_are_consistent_with_the_truth() -> None:
                     assert tool.duration_s <= tool.deadline_s + 1e-9
                 m = re.match(r"sleep (\d+)", tool.command)
                 if m:
-                    assert int(m.group(1)) <= tool.duration_s <= int(m.group(1)) + 3.0
+                    assert int(m.group(1)) <= tool.duration_s <= int(m.group(1)) + 5.0  # rest of the command + harness
                 fracs = [e.fraction for e in tool.progress or () if e.fraction is not None]
                 assert fracs == sorted(fracs)
 

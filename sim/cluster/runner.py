@@ -1,0 +1,75 @@
+"""Run several policies on one trace and assemble the `tao sim run` JSON."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from services.planner.core.registry import make_policy
+from sim.cluster import oracle as _oracle  # noqa: F401  (registers "oracle")
+from sim.cluster.metrics import summarize
+from sim.cluster.simulator import ClusterSim, RunResult, SimConfig
+from sim.engine import Engine, Profile, get_profile
+from sim.workload.trace import Session
+
+
+@dataclass(slots=True)
+class PolicyOutcome:
+    name: str
+    metrics: dict[str, float | int]
+    run: RunResult
+    wall_s: float
+    cpu_s: float  # process CPU time: comparable across loaded and idle machines
+
+
+def run_policy(sessions: Sequence[Session], name: str, cfg: SimConfig,
+               profile: Profile | None = None) -> PolicyOutcome:
+    """Simulate ``name`` on ``sessions``; ``profile`` overrides ``cfg.profile``."""
+    policy = make_policy(name)
+    t0, c0 = time.perf_counter(), time.process_time()
+    run = ClusterSim(sessions, policy, cfg, profile=profile).run()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    metrics = summarize(run.requests, run.sessions, run.preemptions, run.planner_wall_s)
+    return PolicyOutcome(name, metrics, run, wall, cpu)
+
+
+def machine() -> dict[str, Any]:
+    return {"cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+
+
+def compare(
+    sessions: Sequence[Session],
+    policies: Sequence[str],
+    cfg: SimConfig,
+    trace_name: str = "",
+    progress: Callable[[PolicyOutcome], None] | None = None,
+) -> tuple[dict[str, Any], list[PolicyOutcome]]:
+    """Run every policy; return the JSON document and the outcomes (for tables and plots)."""
+    outcomes = []
+    for name in policies:
+        out = run_policy(sessions, name, cfg)
+        outcomes.append(out)
+        if progress is not None:
+            progress(out)
+    eng = Engine(get_profile(cfg.profile), num_gpu_blocks=cfg.num_gpu_blocks)
+    config: dict[str, Any] = {
+        "trace": trace_name,
+        "sessions": len(sessions),
+        "turns": sum(len(s.turns) for s in sessions),
+        **asdict(cfg),
+        "policies": list(policies),
+        "kv_tokens_per_replica": eng.num_gpu_blocks * eng.block_size,
+        "capacity_tokens_per_replica": int(eng.num_gpu_blocks * eng.block_size * cfg.utilisation_target),
+        "sim_wall_s": {o.name: round(o.wall_s, 3) for o in outcomes},
+        "sim_cpu_s": {o.name: round(o.cpu_s, 3) for o in outcomes},
+        "sim_end_s": {o.name: round(o.run.sim_end_s, 3) for o in outcomes},
+        "plans": {o.name: o.run.plans for o in outcomes},
+        "incomplete": {o.name: o.run.incomplete for o in outcomes if o.run.incomplete},
+        "machine": machine(),
+    }
+    doc = {"config": config, "policies": {o.name: o.metrics for o in outcomes}}
+    return doc, outcomes

@@ -1,0 +1,62 @@
+"""bench.sim: summaries on hand-made numbers, and a minimal smoke run of the grid."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.sim.__main__ import main as bench_main
+from bench.sim.grid import GRID, MAIN_POLICIES
+from bench.sim.summary import gain_pct, grid_summary, point_summary
+
+
+def _m(lat: float, ttft: float, dec: float) -> dict[str, float]:
+    return {"mean_task_latency_s": lat, "mean_ttft_s": ttft, "decode_tokens_per_s": dec}
+
+
+def test_gain_sign_follows_the_metric_direction() -> None:
+    assert gain_pct("mean_task_latency_s", 80.0, 100.0) == pytest.approx(20.0)
+    assert gain_pct("decode_tokens_per_s", 120.0, 100.0) == pytest.approx(20.0)
+    assert gain_pct("decode_tokens_per_s", 80.0, 100.0) == pytest.approx(-20.0)
+
+
+def test_point_summary_uses_the_best_system_baseline_per_metric() -> None:
+    pols = {
+        "tao": _m(90, 1.0, 110),
+        "oracle": _m(88, 0.9, 112),
+        "round_robin": _m(150, 3.0, 80),
+        "thunderagent": _m(95, 0.8, 100),  # best on TTFT: TAO loses there
+        "cache_aware": _m(100, 2.0, 105),
+        "sjf": _m(80, 0.5, 200),  # not a system baseline: never "best"
+    }
+    s = point_summary(pols)
+    assert s["vs_best"]["mean_task_latency_s"]["baseline"] == "thunderagent"
+    assert s["vs_best"]["decode_tokens_per_s"]["baseline"] == "cache_aware"
+    assert s["vs_best"]["mean_ttft_s"]["gain_pct"] == pytest.approx(-25.0)
+    assert not s["beats_best_on_all_three"]
+    assert s["latency_vs_oracle_pct"] == pytest.approx(100 * 2 / 88)
+    assert s["within_5pct_of_oracle"]
+    g = grid_summary({"a": pols, "b": {**pols, "thunderagent": _m(95, 1.5, 100)}})
+    assert g["tao_beats_best_baseline_on_all_three"] == 1
+    assert g["configurations_won"] == ["b"]
+
+
+def test_grid_mirrors_the_seed() -> None:
+    assert len(GRID) == 12
+    assert len({p.key for p in GRID}) == 12
+    qwen = [p for p in GRID if p.setup.startswith("qwen")]
+    assert [p.concurrency for p in qwen] == [96, 128, 160] and {p.replicas for p in qwen} == {4}
+    assert sum(p.ablation for p in GRID) == 4
+    assert all(set(MAIN_POLICIES) <= set(p.policies) for p in GRID)
+
+
+def test_quick_smoke_run_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "grid.json"
+    assert bench_main(["--quick", "--only", "glm", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    (cfg,) = doc["configurations"]
+    assert set(cfg["policies"]) == {"tao", "oracle", "thunderagent", "round_robin"}
+    assert doc["summary"]["configurations"] == 1
+    assert doc["machine"]["cpu_count"] >= 1 and doc["runtime_s"] > 0
