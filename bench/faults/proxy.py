@@ -6,6 +6,9 @@ Modes (switchable at run time, affecting new and existing connections):
 - ``latency``: forward, delaying every chunk by ``latency_s``;
 - ``blackhole``: accept and read, forward nothing (peers see a hung connection);
 - ``reset``: abort every connection with a TCP RST (SO_LINGER 0) and reset new ones at once.
+
+An optional ``observer`` factory sees the bytes of each connection as they are forwarded
+(``bench.faults.tap`` uses it to record what a replica receives); it never changes them.
 """
 
 from __future__ import annotations
@@ -14,9 +17,25 @@ import asyncio
 import contextlib
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 MODES = ("pass", "latency", "blackhole", "reset")
+
+
+class ConnectionObserver(Protocol):
+    """Sees one proxied connection: bytes each way as forwarded, then its end."""
+
+    def to_upstream(self, data: bytes) -> None: ...
+
+    def to_client(self, data: bytes) -> None: ...
+
+    def client_done(self) -> None:
+        """The client's side ended (EOF or error): it will not read an answer any more."""
+        ...
+
+    def closed(self) -> None: ...
 
 
 def _rst(writer: asyncio.StreamWriter) -> None:
@@ -36,7 +55,8 @@ class FaultProxy:
     mode: str = "pass"
     latency_s: float = 0.0
     connections: int = 0
-    _server: asyncio.AbstractServer | None = None
+    observer: Callable[[], ConnectionObserver] | None = None
+    _server: asyncio.Server | None = None
     _pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = field(default_factory=set)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _unblocked: asyncio.Event = field(default_factory=asyncio.Event)
@@ -79,8 +99,10 @@ class FaultProxy:
             return
         pair = (writer, up_writer)
         self._pairs.add(pair)
-        t1 = asyncio.create_task(self._pump(reader, up_writer))
-        t2 = asyncio.create_task(self._pump(up_reader, writer))
+        seen = self.observer() if self.observer is not None else None
+        t1 = asyncio.create_task(self._pump(reader, up_writer, seen.to_upstream if seen else None,
+                                            seen.client_done if seen else None))
+        t2 = asyncio.create_task(self._pump(up_reader, writer, seen.to_client if seen else None))
         self._tasks.update((t1, t2))
         try:
             await asyncio.gather(t1, t2, return_exceptions=True)
@@ -92,8 +114,12 @@ class FaultProxy:
             for w in pair:
                 with contextlib.suppress(Exception):
                     w.close()
+            if seen is not None:
+                seen.closed()
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    observe: Callable[[bytes], None] | None = None,
+                    ended: Callable[[], None] | None = None) -> None:
         try:
             while True:
                 data = await reader.read(65536)
@@ -105,11 +131,15 @@ class FaultProxy:
                     await asyncio.sleep(self.latency_s)
                 if self.mode == "reset":
                     break
+                if observe is not None:
+                    observe(data)
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, OSError):
             pass
         finally:
+            if ended is not None:
+                ended()
             with contextlib.suppress(Exception):
                 writer.close()
 

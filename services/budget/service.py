@@ -133,7 +133,10 @@ class BudgetService:
             except Exception as exc:  # never let one bad tick stop reallocation
                 self.log.error("tick failed", error=repr(exc))
             next_s += self.settings.tick_s
-            await asyncio.sleep(max(0.0, next_s - self.clock.now()))
+            delay_s = max(0.0, next_s - self.clock.now())
+            # the clock runs in model time (ScaledClock): sleep the wall-time equivalent
+            wall_seconds = getattr(self.clock, "wall_seconds", None)
+            await asyncio.sleep(wall_seconds(delay_s) if wall_seconds is not None else delay_s)
 
     # ------------------------------------------------------------ ticks
 

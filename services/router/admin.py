@@ -98,6 +98,9 @@ class RouterAdmin(router_pb2_grpc.RouterAdminServiceServicer):
                          context: grpc.aio.ServicerContext) -> router_pb2.AddReplicaResponse:
         if not request.url:
             raise InvalidArgument("url is required")
+        # ids end up in Redis keys, Prometheus labels and response headers: bound them
+        if request.id and (len(request.id) > 256 or not request.id.isprintable()):
+            raise InvalidArgument("replica id must be 1-256 printable characters")
         entry, _ = self.rt.registry.add(request.id, request.url, int(request.kv_capacity_tokens))
         return router_pb2.AddReplicaResponse(replica=self._replica(entry))
 

@@ -187,7 +187,7 @@ class Gateway:
         tenant = self.tenant(request)
         try:
             payload = await request.json()
-        except ValueError:
+        except (ValueError, RecursionError):
             raise RequestError(400, "Invalid JSON", code="invalid_json") from None
         if not isinstance(payload, dict) or not payload.get("program_id"):
             raise RequestError(400, "Missing program_id", param="program_id", code="missing_required_parameter")

@@ -139,6 +139,8 @@ def parse_request(raw: bytes, chat: bool) -> ParsedRequest:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(400, f"We could not parse the JSON body of your request: {exc}", code="invalid_json") from exc
+    except RecursionError:
+        raise RequestError(400, "The JSON body of your request is nested too deeply.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise RequestError(400, "The request body must be a JSON object.", code="invalid_json")
     model = body.get("model")

@@ -28,6 +28,19 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     os.setpgrp()
 
 
+# The same without Python code between fork and exec (the default). In a process that runs
+# gRPC threads, a preexec_fn runs grpc's at-fork handlers in the child, which can abort it
+# before exec ("epoll_wait error: Bad file descriptor", SIGABRT: seen when fault tests
+# restart a service, and when a second stack starts in the same process). So the child
+# execs at once (vfork, no Python code) into this trampoline, which sets the death signal
+# and execs the real command; Popen itself puts it in its own process group.
+_TRAMPOLINE = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)\n"
+    "sys.exit(1) if os.getppid() != int(sys.argv[1]) else os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
 class PortInUse(RuntimeError):
     pass
 
@@ -75,14 +88,23 @@ class Supervisor:
     env: dict[str, str] = field(default_factory=dict)
     children: list[Child] = field(default_factory=list)
 
-    def spawn(self, name: str, argv: Sequence[str], extra_env: dict[str, str] | None = None) -> Child:
+    def spawn(self, name: str, argv: Sequence[str], extra_env: dict[str, str] | None = None,
+              fork_safe: bool = True) -> Child:
+        """Start ``argv`` as child ``name``. ``fork_safe`` (default): no Python code between
+        fork and exec, which a parent that already runs gRPC threads needs (see ``_TRAMPOLINE``;
+        seen with a second stack in one process: the child died with SIGABRT before exec)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         child = Child(name, list(argv), self.log_dir / f"{name}.log", env=dict(extra_env or {}))
         env = {**os.environ, **self.env, **(extra_env or {})}
         log = open(child.log_path, "ab")
         try:
-            child.proc = subprocess.Popen(child.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env=env, preexec_fn=_die_with_parent)
+            if fork_safe:
+                cmd = [sys.executable, "-c", _TRAMPOLINE, str(os.getpid()), *child.argv]
+                child.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              env=env, process_group=0)
+            else:
+                child.proc = subprocess.Popen(child.argv, stdout=log, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL, env=env, preexec_fn=_die_with_parent)
         finally:
             log.close()
         self.children.append(child)

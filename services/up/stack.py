@@ -10,6 +10,7 @@ import socket
 import tempfile
 import urllib.request
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from services.common.testing import find_redis_binary
@@ -138,7 +139,7 @@ class Stack:
 
     def wait_replicas(self, timeout_s: float = 30.0) -> None:
         for i, port in enumerate(self.replica_ports):
-            self.sup.wait_until(self.sup.find(f"vllm-{i}"), lambda p=port: _http_ok(f"http://127.0.0.1:{p}/health"),
+            self.sup.wait_until(self.sup.find(f"vllm-{i}"), partial(_http_ok, f"http://127.0.0.1:{port}/health"),
                                 timeout_s, "healthy")
 
     def start_services(self, redis_url: str, replica_urls: list[str], *,
@@ -166,7 +167,7 @@ class Stack:
             router_extra += ["--replica", url]
         children["router"] = self._service("router", ports["router"], urls["router"], *router_extra)
         for name, child in children.items():
-            self.sup.wait_until(child, lambda n=name: _grpc_serving(f"127.0.0.1:{ports[n]}"), 30, "SERVING")
+            self.sup.wait_until(child, partial(_grpc_serving, f"127.0.0.1:{ports[name]}"), 30, "SERVING")
         self.sup.wait_until(children["router"], lambda: _http_ok(f"http://127.0.0.1:{http_port}/health"), 30,
                             "answering HTTP")
         self.addresses = StackAddresses(

@@ -2,6 +2,7 @@
 ``BudgetState.now_s``. ``make_policy(name).reallocate(state) -> Allocation``."""
 
 from services.budget.core.model import (
+    MAX_TOTAL_BUDGET,
     Allocation,
     BudgetConfig,
     BudgetConfigError,
@@ -16,6 +17,7 @@ from services.budget.core.policies import DynamicParams, DynamicPolicy, StaticPo
 from services.budget.core.registry import POLICIES, BudgetPolicy, UnknownPolicyError, make_policy
 
 __all__ = [
+    "MAX_TOTAL_BUDGET",
     "POLICIES",
     "Allocation",
     "BudgetConfig",

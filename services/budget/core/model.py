@@ -31,6 +31,16 @@ class BudgetConfigError(ValueError):
     """A tenant configuration that cannot be applied; the message says exactly why."""
 
 
+#: Largest total budget B accepted. B counts concurrent in-flight requests (a fleet of a
+#: hundred replicas at vLLM's default max_num_seqs of 256 needs 25,600); reallocation is
+#: O(B log n) (``split.water_fill`` hands out slots one at a time), so an unbounded B from a
+#: client would stall the service (found by the gRPC fuzz suite: B = 10**12 never finished).
+MAX_TOTAL_BUDGET = 100_000
+#: Tenant names go into Redis records, Prometheus labels and logs (the router's session ids
+#: have the same bound)
+MAX_TENANT_NAME_CHARS = 256
+
+
 def _frozen_map(values: Mapping[str, int]) -> Mapping[str, int]:
     return MappingProxyType(dict(values))
 
@@ -50,6 +60,9 @@ class TenantConfig:
     def __post_init__(self) -> None:
         if not self.name or not self.name.strip():
             raise BudgetConfigError("tenant name must not be empty")
+        if len(self.name) > MAX_TENANT_NAME_CHARS or not self.name.isprintable():
+            raise BudgetConfigError(f"tenant name must be 1-{MAX_TENANT_NAME_CHARS} printable characters, "
+                                    f"got {self.name[:40]!r}{'...' if len(self.name) > 40 else ''}")
         if self.floor < 0:
             raise BudgetConfigError(f"tenant {self.name!r}: floor must be >= 0, got {self.floor}")
         if not (math.isfinite(self.weight) and self.weight > 0):
@@ -76,6 +89,8 @@ class BudgetConfig:
     def __post_init__(self) -> None:
         if self.total <= 0:
             raise BudgetConfigError(f"total budget must be > 0, got {self.total}")
+        if self.total > MAX_TOTAL_BUDGET:
+            raise BudgetConfigError(f"total budget must be <= {MAX_TOTAL_BUDGET}, got {self.total}")
         if not self.tenants:
             raise BudgetConfigError("at least one tenant is required")
         names = [t.name for t in self.tenants]

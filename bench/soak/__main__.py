@@ -1,0 +1,5 @@
+import sys
+
+from bench.soak.soak import main
+
+sys.exit(main())
