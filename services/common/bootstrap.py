@@ -40,6 +40,8 @@ from services.common.redis_client import make_redis
 from services.common.settings import ServiceSettings
 
 HEALTH_POLL_S = 1.0
+#: how long past the gRPC grace a service app may take to stop its own tasks
+APP_STOP_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -143,7 +145,14 @@ class RunningService:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
         try:
-            await self.app.stop()
+            # bounded: a background task that ignores cancellation must not hang shutdown
+            stopping = asyncio.ensure_future(self.app.stop())
+            done, _ = await asyncio.wait({stopping}, timeout=grace + APP_STOP_TIMEOUT_S)
+            if not done:
+                self.ctx.log.error("app did not stop in time; abandoning its tasks",
+                                   timeout_s=grace + APP_STOP_TIMEOUT_S)
+            else:
+                stopping.result()
         finally:
             if self._metrics_runner is not None:
                 await self._metrics_runner.cleanup()

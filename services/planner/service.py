@@ -203,8 +203,9 @@ class PlannerService:
                 self.log.warning("pool subscription lost; retrying", error=str(exc).splitlines()[0])
                 await asyncio.sleep(0.5)
             finally:
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                # bounded: closing a pubsub whose read was just cancelled can wait on its lock
+                with contextlib.suppress(RedisError, OSError, TimeoutError):
+                    await asyncio.wait_for(pubsub.aclose(), 2.0)  # type: ignore[no-untyped-call]
 
     # ------------------------------------------------------------------ commands
 
