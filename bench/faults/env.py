@@ -220,12 +220,20 @@ class FaultEnv:
             return None
         return reply.applied_plan.epoch, int(reply.applied_plan.revision)
 
-    async def any_applied_plan(self) -> tuple[str, int] | None:
-        for s in await self.sessions():
-            got = await self.applied_plan(s.session_id)
-            if got is not None:
-                return got
-        return None
+    async def any_applied_plan(self, wait_s: float = 3.0) -> tuple[str, int] | None:
+        """The router's applied plan stamp, read through any live session. The stamp is
+        router-wide, but ExplainSession needs a session: between one session's release and
+        the next one's first request there may be none (a CI run saw exactly that), so look
+        again for up to ``wait_s`` before answering None."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for s in await self.sessions():
+                got = await self.applied_plan(s.session_id)
+                if got is not None:
+                    return got
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(0.1)
 
 
 PHASE_NAMES = {v: k.removeprefix("SESSION_PHASE_") for k, v in common_pb2.SessionPhase.items()}

@@ -95,7 +95,9 @@ async def kill_planner(env: FaultEnv) -> ScenarioResult:
     res = ScenarioResult("kill_planner")
     started = time.monotonic()
     r = env.redis()
-    load = load_for(env, "kplan")
+    # Sessions long enough to span the kill: with the default 4 turns every agent could be on
+    # its last turn at the kill and no pre-kill session would have a request left (a CI run saw it).
+    load = load_for(env, "kplan", turns=12)
     async with running(load):
         await asyncio.sleep(1.5)
         old_raw = r.get(keys.PLAN)
