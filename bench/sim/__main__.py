@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", dest="json_out", default=None, help="write all results here")
     ap.add_argument("--jobs", type=int, default=1, help="simulations in parallel (processes)")
     ap.add_argument("--seed", type=int, default=0, help="workload and predictor seed")
+    ap.add_argument("--checkpoint", default=None,
+                    help="append each result to this JSONL as it arrives and reuse results already in it (resume)")
     ap.add_argument("--only", default=None, help="run only configurations whose key contains this")
     ap.add_argument("--sessions-scale", type=float, default=1.0,
                     help="multiply every configuration's session count (at least its concurrency); <1 is faster")
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"[bold]bench.sim[/bold]: {len(points)} configurations, "
                   f"{sum(len(policies_of(p)) for p in points)} simulations, jobs={args.jobs}")
     results, wall = run_grid(points, policies_of, args.seed, QUICK_MAX_TURNS if args.quick else None,
-                             args.jobs, on_result)
+                             args.jobs, on_result, Path(args.checkpoint) if args.checkpoint else None)
     by_point: dict[str, dict[str, Any]] = {p.key: {} for p in points}
     for r in results:
         by_point[r["point"]][r["policy"]] = r["metrics"]

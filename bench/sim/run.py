@@ -7,10 +7,12 @@ Pairs run in a process pool (``--jobs``); each process generates the traces it n
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bench.sim.grid import GridPoint
@@ -43,6 +45,7 @@ def run_task(task: Task) -> dict[str, Any]:
     return {
         "point": p.key,
         "policy": task.policy,
+        "sessions": p.sessions,
         "metrics": out.metrics,
         "wall_s": out.wall_s,
         "cpu_s": out.cpu_s,
@@ -53,6 +56,18 @@ def run_task(task: Task) -> dict[str, Any]:
     }
 
 
+def load_checkpoint(path: Path | None) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """Results already recorded in a checkpoint (JSONL), keyed by (point, policy, sessions)."""
+    done: dict[tuple[str, str, int], dict[str, Any]] = {}
+    if path is None or not path.exists():
+        return done
+    for line in path.read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            done[(r["point"], r["policy"], r["sessions"])] = r
+    return done
+
+
 def run_grid(
     points: Sequence[GridPoint],
     policies_of: Callable[[GridPoint], Sequence[str]],
@@ -60,26 +75,46 @@ def run_grid(
     max_turns: int | None,
     jobs: int,
     on_result: Callable[[dict[str, Any]], None] | None = None,
+    checkpoint: Path | None = None,
 ) -> tuple[list[dict[str, Any]], float]:
-    """All results (in grid order) and the wall time of the whole grid."""
+    """All results (in grid order) and the wall time of the whole grid. With ``checkpoint``,
+    every result is appended to that JSONL file as it arrives and results already there (same
+    configuration, policy and session count) are reused, so an interrupted grid resumes."""
     tasks = [Task(p, pol, seed, max_turns) for p in points for pol in policies_of(p)]
     order = {(t.point.key, t.policy): i for i, t in enumerate(tasks)}
     results: list[dict[str, Any] | None] = [None] * len(tasks)
+    done = load_checkpoint(checkpoint)
+    todo = []
+    for t in tasks:
+        prev = done.get((t.point.key, t.policy, t.point.sessions))
+        if prev is not None:
+            results[order[(t.point.key, t.policy)]] = prev
+        else:
+            todo.append(t)
+    tasks = todo
+    sink = checkpoint.open("a") if checkpoint is not None else None
+
+    def record(r: dict[str, Any]) -> None:
+        results[order[(r["point"], r["policy"])]] = r
+        if sink is not None:
+            sink.write(json.dumps(r) + "\n")
+            sink.flush()
+        if on_result:
+            on_result(r)
+
     t0 = time.perf_counter()
-    if jobs <= 1:
-        for t in tasks:
-            r = run_task(t)
-            results[order[(r["point"], r["policy"])]] = r
-            if on_result:
-                on_result(r)
-    else:
-        # Longest first: terminal-bench and the high-concurrency points dominate.
-        tasks_sorted = sorted(tasks, key=lambda t: -(t.point.sessions * t.point.concurrency))
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(run_task, t) for t in tasks_sorted]
-            for f in as_completed(futures):
-                r = f.result()
-                results[order[(r["point"], r["policy"])]] = r
-                if on_result:
-                    on_result(r)
+    try:
+        if jobs <= 1:
+            for t in tasks:
+                record(run_task(t))
+        else:
+            # Longest first: the high-concurrency points dominate.
+            tasks_sorted = sorted(tasks, key=lambda t: -(t.point.sessions * t.point.concurrency))
+            with ProcessPoolExecutor(max_workers=jobs) as pool:
+                futures = [pool.submit(run_task, t) for t in tasks_sorted]
+                for f in as_completed(futures):
+                    record(f.result())
+    finally:
+        if sink is not None:
+            sink.close()
     return [r for r in results if r is not None], time.perf_counter() - t0
