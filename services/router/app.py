@@ -25,7 +25,7 @@ from services.router.core.model import Grant, NewRequest
 from services.router.core.state import SessionBusy, SessionConflict, UnknownSession
 from services.router.proxy import Exchange, error_response, serve, unavailable
 from services.router.runtime import HoldTimeout, RouterRuntime, SessionReleased
-from services.router.validation import RequestError, check_session_id, parse_request
+from services.router.validation import RequestError, check_context, check_session_id, parse_request
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -105,6 +105,7 @@ class Gateway:
         if parsed.model not in rt.models:
             raise RequestError(404, f"The model `{parsed.model}` does not exist.", param="model",
                                code="model_not_found")
+        check_context(parsed, rt.max_model_len(parsed.model))
         if len(rt.core.held) >= self.settings.max_held_requests:
             return unavailable(rt, "too many requests are held; retry later")
         request_id = os.urandom(16).hex()  # 128 random bits, like uuid4().hex without the UUID object

@@ -143,6 +143,8 @@ async def _attempt(rt: RouterRuntime, request: web.Request, ex: Exchange, grant:
             rt.registry.report_success(grant.replica)
             ex.settled = True
             rt.finish(ex.request_id, ex.tenant, usage, elapsed)
+            if 400 <= resp.status < 500:
+                rt.drop_if_unused(ex.session_id)
             out_headers["Content-Type"] = resp.headers.get("content-type", "application/json")
             response = web.Response(body=data, status=resp.status, headers=out_headers)
             rt.metrics.overhead.observe(rt.wall(ex.pre_s + rt.now() - answered))

@@ -36,7 +36,7 @@ from services.router.core.breaker import Breaker
 from services.router.core.model import CoreConfig, Grant, NewRequest, PlanDecision, Usage
 from services.router.core.readiness import PredictionView, is_ready
 from services.router.core.snapshot import build_snapshot
-from services.router.core.state import RouterCore
+from services.router.core.state import RouterCore, SessionBusy, UnknownSession
 from services.router.feeds import FencedFeed
 from services.router.metrics import RouterMetrics
 from services.router.replicas import ReplicaEntry, ReplicaRegistry, parse_replica_spec
@@ -272,6 +272,32 @@ class RouterRuntime:
         return down
 
     # ------------------------------------------------------------------ plans and caps
+
+    def max_model_len(self, model: str) -> int | None:
+        """The largest context any healthy replica serving ``model`` accepts (vLLM's model card
+        ``max_model_len``); None when a serving replica does not say (then nothing is judged)."""
+        best: int | None = None
+        for entry in self.registry.entries.values():
+            if not entry.view().healthy:
+                continue
+            for card in entry.model_cards:
+                if card.get("id") != model:
+                    continue
+                n = card.get("max_model_len")
+                if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+                    return None
+                best = n if best is None else max(best, n)
+        return best
+
+    def drop_if_unused(self, session_id: str) -> None:
+        """A replica refused (4xx) the request that created this session: the session never
+        completed a request and has nothing held or in flight, so it ends now rather than
+        lingering until its TTL (bad input changes no state)."""
+        s = self.core.sessions.get(session_id)
+        if s is None or s.single_turn or s.tokens.requests or s.in_flight or s.held:
+            return
+        with contextlib.suppress(UnknownSession, SessionBusy):
+            self.release(session_id, force=False)
 
     def planner_silent(self) -> bool:
         return self.now() - self.planner_fresh_s > self.settings.plan_stale_s

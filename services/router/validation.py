@@ -50,6 +50,9 @@ class ParsedRequest:
     prompt_tokens_estimate: int
     max_tokens: int | None
     upstream_body: bytes
+    #: the prompt's token count is known exactly (token ids or the synthetic extension),
+    #: not estimated from characters: only then may the router judge the context length
+    prompt_tokens_exact: bool = False
 
 
 def _bad(message: str, param: str | None, code: str = "invalid_value") -> RequestError:
@@ -88,6 +91,15 @@ def _estimate_chat(messages: list[Any]) -> int:
                     chars += len(part["text"])
         chars += 16  # role and chat-template tokens
     return chars // CHARS_PER_TOKEN
+
+
+def _token_ids(prompt: Any) -> bool:
+    """A prompt of token ids (or a batch of them): its length is exact."""
+    if not isinstance(prompt, list) or not prompt:
+        return False
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return True
+    return all(_token_ids(p) for p in prompt)
 
 
 def _estimate_prompt(prompt: Any) -> int:
@@ -158,11 +170,13 @@ def parse_request(raw: bytes, chat: bool) -> ParsedRequest:
                 raise _bad(f"'messages[{i}]' must be an object with a string 'role'", f"messages[{i}]",
                            "invalid_type")
         estimate = _estimate_chat(messages)
+        exact = False
     else:
         if "prompt" not in body:
             raise _bad("'prompt' is a required property", "prompt", "missing_required_parameter")
         _check_prompt(body["prompt"])
         estimate = _estimate_prompt(body["prompt"])
+        exact = _token_ids(body["prompt"])
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -182,6 +196,7 @@ def parse_request(raw: bytes, chat: bool) -> ParsedRequest:
     synthetic = _synthetic_prompt(body)
     if synthetic is not None:
         estimate = synthetic
+        exact = True
 
     changed = False
     session_id: str | None = None
@@ -205,8 +220,28 @@ def parse_request(raw: bytes, chat: bool) -> ParsedRequest:
             head = raw.rstrip()[:-1].rstrip()
             sep = b"" if head.endswith(b"{") else b","
             return ParsedRequest(model, stream, False, session_id, estimate, limit,
-                                 head + sep + b'"stream_options":{"include_usage":true}}')
+                                 head + sep + b'"stream_options":{"include_usage":true}}', exact)
         body["stream_options"] = {**(options or {}), "include_usage": True}
         changed = True
     upstream = json.dumps(body, separators=(",", ":")).encode() if changed else raw
-    return ParsedRequest(model, stream, bool(include), session_id, estimate, limit, upstream)
+    return ParsedRequest(model, stream, bool(include), session_id, estimate, limit, upstream, exact)
+
+
+def check_context(parsed: ParsedRequest, max_model_len: int | None) -> None:
+    """Reject, as vLLM would, a request that cannot fit the model's context on any replica:
+    ``max_tokens`` alone beyond it, or (when the prompt's length is exact) prompt ≥ context or
+    prompt + ``max_tokens`` beyond it. Without this the request would be held until the hold
+    timeout (its footprint fits no replica) or create a session the replica then refuses.
+    Character-estimated prompts are left to the replica (its tokenizer decides)."""
+    if max_model_len is None:
+        return
+    n, limit = parsed.prompt_tokens_estimate, parsed.max_tokens
+    if parsed.prompt_tokens_exact and n >= max_model_len:
+        raise _bad(f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+                   f"{n} input tokens. Please reduce the length of the input.", "messages",
+                   "context_length_exceeded")
+    if limit is not None and (limit > max_model_len or (parsed.prompt_tokens_exact and n + limit > max_model_len)):
+        shown = n if parsed.prompt_tokens_exact else 0
+        raise _bad(f"'max_tokens' or 'max_completion_tokens' is too large: {limit}. This model's maximum "
+                   f"context length is {max_model_len} tokens and your request has at least {shown} input "
+                   f"tokens ({limit} > {max_model_len} - {shown}).", "max_tokens", "context_length_exceeded")

@@ -35,16 +35,6 @@ BODY_LIMIT = 1 << 20
 EXAMPLES = 25  # per RPC and per kind (arbitrary / near-valid): ~1,000 calls in all
 
 #: router cases that expose bugs reported to the lead (see the xfail tests)
-KNOWN_ROUTER_BUGS = {
-    "huge max_tokens": "a request the replica rejects (4xx) leaves its new session behind",
-    "prompt longer than the model context": "held until hold_timeout_s then 503 (retried forever), not 400",
-}
-
-
-def _known(case: badinput.HttpCase) -> str | None:
-    return next((why for key, why in KNOWN_ROUTER_BUGS.items() if case.name.endswith(key)), None)
-
-
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultEnv]:
     log_dir: Path = tmp_path_factory.mktemp("badinput-stack-logs")
@@ -88,7 +78,7 @@ def _assert_alive(env: FaultEnv) -> None:
 
 
 def test_router_http_endpoints_reject_bad_input_cleanly(env: FaultEnv) -> None:
-    cases = [c for c in badinput.router_cases(MODEL, BODY_LIMIT) if _known(c) is None]
+    cases = badinput.router_cases(MODEL, BODY_LIMIT)
     tally = badinput.Tally()
     with httpx.Client(base_url=env.addr.router_url, timeout=30) as http:
         received = len(env.tap_log.completions())
@@ -123,15 +113,59 @@ def test_replica_http_endpoints_reject_bad_input_cleanly(env: FaultEnv) -> None:
     _assert_alive(env)
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=f"router bug reported to the lead: {why}"))
-    for name, why in sorted(KNOWN_ROUTER_BUGS.items())])
-def test_router_known_bug(env: FaultEnv, name: str) -> None:
-    cases = [c for c in badinput.router_cases(MODEL, BODY_LIMIT) if c.name.endswith(name)]
-    tally = badinput.Tally()
-    with httpx.Client(base_url=env.addr.router_url, timeout=60) as http:
-        badinput.run_http(http, cases, tally, _router_probe(env, http), settle_s=0.2)
-    assert tally.rejected == len(cases) and tally.state_changes == 0, tally.problems
+def test_router_judges_the_context_length_itself(env: FaultEnv) -> None:
+    """A request that cannot fit the model's context (max_tokens beyond it, or an exact
+    prompt length at or past it) is a 400 from the router, as vLLM words it, before any
+    session exists: it is neither held until the hold timeout nor left behind as a session
+    (both were bugs: a 503 after the hold timeout, and a session the replica then refused)."""
+    with httpx.Client(base_url=env.addr.router_url, timeout=30) as http:
+        probe = _router_probe(env, http)
+        before = probe()
+        received = len(env.tap_log.completions())
+        (card,) = http.get("/v1/models").json()["data"]
+        mml = card["max_model_len"]
+        cases = [
+            {"max_tokens": 10**12},
+            {"max_tokens": mml + 1},
+            {"tao_synthetic": {"session_id": "ctx-long", "prompt_tokens": 10**9}},
+            {"tao_synthetic": {"session_id": "ctx-at", "prompt_tokens": mml}},
+            {"tao_synthetic": {"session_id": "ctx-sum", "prompt_tokens": mml // 2}, "max_tokens": mml // 2 + 1},
+        ]
+        for i, extra in enumerate(cases):
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], **extra}
+            r = http.post("/v1/chat/completions", json=body, headers={"x-session-id": f"ctx-{i}"})
+            assert r.status_code == 400, (extra, r.status_code, r.text)
+            err = r.json()["error"]
+            assert err["code"] == "context_length_exceeded" and "maximum context length" in err["message"], err
+        assert env.tap_log.completions()[received:] == []  # nothing reached the replica
+        assert probe() == before
+
+
+def test_router_drops_a_session_the_replica_refused(env: FaultEnv) -> None:
+    """A text prompt too long for the context is only known to the replica's tokenizer: the
+    router forwards it, passes the replica's 400 on, and the session that request created
+    ends at once instead of lingering until its TTL."""
+    words = "word " * ((BODY_LIMIT - 4096) // 5)
+    with httpx.Client(base_url=env.addr.router_url, timeout=30) as http:
+        probe = _router_probe(env, http)
+        before = probe()
+        r = http.post("/v1/chat/completions", headers={"x-session-id": "refused-by-replica"},
+                      json={"model": MODEL, "messages": [{"role": "user", "content": words}], "max_tokens": 4})
+        assert r.status_code == 400, r.text
+        assert "maximum context length" in r.json()["error"]["message"]
+        deadline = time.monotonic() + 5
+        while probe() != before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert probe() == before
+        # a session with a completed request is not dropped by a later refusal
+        ok = http.post("/v1/chat/completions", headers={"x-session-id": "refused-later"},
+                       json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4})
+        assert ok.status_code == 200, ok.text
+        r = http.post("/v1/chat/completions", headers={"x-session-id": "refused-later"},
+                      json={"model": MODEL, "messages": [{"role": "user", "content": words}], "max_tokens": 4})
+        assert r.status_code == 400
+        assert "refused-later" in {s for s in probe()[2]}
+        http.post("/v1/sessions/refused-later/release")
 
 
 def test_router_add_replica_rejects_hostile_ids(env: FaultEnv) -> None:

@@ -17,7 +17,7 @@ from services.router.core.model import TokenStats, Usage
 from services.router.core.readiness import PredictionView, is_ready
 from services.router.proxy import parse_usage, take_usage
 from services.router.replicas import check_url, parse_replica_spec, parse_vllm_metrics
-from services.router.validation import RequestError, parse_request
+from services.router.validation import RequestError, check_context, parse_request
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "x" * 400}]}
 
@@ -65,6 +65,30 @@ def test_rewriting_strips_program_id_and_requests_usage_only_when_needed() -> No
     assert json.loads(p.upstream_body)["tao_synthetic"] == syn
     p = parse_request(json.dumps({"model": "m", "prompt": [[1, 2, 3], [4]]}).encode(), chat=False)
     assert p.prompt_tokens_estimate == 3
+
+
+def test_context_length_is_judged_only_on_exact_prompt_lengths() -> None:
+    def parsed(extra: dict[str, object], chat: bool = True) -> object:
+        body = {**CHAT, **extra} if chat else {"model": "m", **extra}
+        return parse_request(json.dumps(body).encode(), chat=chat)
+
+    syn = {"session_id": "s", "prompt_tokens": 1000}
+    assert parsed({"tao_synthetic": syn}).prompt_tokens_exact
+    assert parsed({"prompt": [1, 2, 3]}, chat=False).prompt_tokens_exact
+    assert parsed({"prompt": [[1, 2], [3]]}, chat=False).prompt_tokens_exact
+    assert not parsed({"prompt": "text"}, chat=False).prompt_tokens_exact
+    assert not parsed({}).prompt_tokens_exact
+    # fits: nothing raised; unknown context: nothing judged
+    check_context(parsed({"tao_synthetic": syn, "max_tokens": 1048}), 2048)
+    check_context(parsed({"tao_synthetic": syn, "max_tokens": 10**9}), None)
+    # a character estimate is never judged on its prompt (the replica's tokenizer decides)
+    check_context(parsed({"messages": [{"role": "user", "content": "x" * 100_000}]}), 2048)
+    for extra in ({"tao_synthetic": syn, "max_tokens": 1049},  # 1000 + 1049 > 2048
+                  {"tao_synthetic": {"session_id": "s", "prompt_tokens": 2048}},  # prompt >= context
+                  {"max_tokens": 2049}):  # max_tokens alone beyond the context
+        with pytest.raises(RequestError) as info:
+            check_context(parsed(extra), 2048)
+        assert info.value.status == 400 and info.value.code == "context_length_exceeded"
 
 
 def test_api_keys_are_hashed_and_matched(tmp_path: Path) -> None:
