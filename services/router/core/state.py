@@ -85,6 +85,14 @@ class RouterCore:
     def _put(self, s: Session, pool_changed: bool = False) -> None:
         """Store ``s`` (new or changed in place) and keep ``used`` and the dirty sets right."""
         s.footprint_tokens = footprint_tokens(s, self.config)
+        # A session bigger than every replica's admissible capacity (a context near
+        # max_model_len on a replica whose KV barely holds it) would never be admitted: it
+        # counts as one whole replica, the most it can occupy (the engine preempts or
+        # queues the rest, as vLLM does for any request that fits its max_model_len).
+        cap = max((r.capacity_tokens(self.config.target_utilisation) for r in self.replicas.values()
+                   if r.usable), default=0)
+        if 0 < cap < s.footprint_tokens:
+            s.footprint_tokens = cap
         known = s.id in self._contrib
         old = self._contrib.get(s.id)
         new = (s.replica, s.footprint_tokens) if s.admitted and s.replica is not None else None

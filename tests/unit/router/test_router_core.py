@@ -99,6 +99,20 @@ def test_footprint_and_cache_evidence_follow_usage() -> None:
     check_invariants(core)
 
 
+def test_a_session_bigger_than_any_replica_counts_as_one_whole_replica() -> None:
+    """kv 10,000 × 0.95 = 9,500 admissible: a 9,800-token prompt (it fits a 10,000-token
+    max_model_len) must still be admissible, alone. (ThunderAgent, faithfully, wants room for
+    tokens + a 100-token buffer and only force-resumes such a program after 30 minutes.)"""
+    for policy in ("tao", "tao-bfd", "tao-ta-pause", "sjf"):
+        core = make(policy=policy)
+        core.arrive(0.0, req("q1", "big", prompt=9_800, max_tokens=100))
+        s = core.sessions["big"]
+        assert s.footprint_tokens == 9_500
+        plan = core.policy.plan(build_snapshot(core, 0.0, {}))  # type: ignore[union-attr]
+        assert [a.session for a in plan.assignments] == ["big"], (policy, plan)
+        check_invariants(core)
+
+
 def test_tenant_caps_hold_and_release_in_fifo_order() -> None:
     core = make()
     core.set_caps({"A": 1})
