@@ -116,8 +116,11 @@ class RunningService:
         while True:
             ok = True
             try:
-                await self.ctx.redis.ping()
-            except (RedisError, OSError):
+                # One answer within the client's own timeout: the client's retry policy (up to
+                # 4 attempts with backoff, right for data operations) would otherwise stretch
+                # a frozen or unreachable Redis into ~4 timeouts before health says so.
+                await asyncio.wait_for(self.ctx.redis.ping(), timeout=self.settings.redis_timeout_s)
+            except (TimeoutError, RedisError, OSError):
                 ok = False
             ready_hook = getattr(self.app, "ready", None)
             if ok and ready_hook is not None:
