@@ -24,11 +24,13 @@ also picks up blocks cached since).
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
 from sim.engine.tokens import BLOCK_SIZE, TokenContent
 
+MAX_CONTENT_MEMOS = 8192  # lookup memos kept for content seen across requests (an optimisation only)
 _LOG_LIMIT = 1 << 20  # eviction-log entries kept before the log restarts (memos then re-walk)
 
 
@@ -135,9 +137,11 @@ class BlockPool:
         if key is not None:
             memo = self._content_memos.get(key)
             if memo is None:
-                if len(self._content_memos) > 100_000:
-                    self._content_memos.clear()
-                memo = self._content_memos[key] = HitMemo()
+                memos = self._content_memos
+                if len(memos) >= MAX_CONTENT_MEMOS:  # drop the oldest half (insertion order)
+                    for old in list(itertools.islice(memos, MAX_CONTENT_MEMOS // 2)):
+                        del memos[old]
+                memo = memos[key] = HitMemo()
         return self.hit_count(content.block_hashes(max_blocks), max_blocks, memo)
 
     def blocks_for(self, hashes: Sequence[int], num_blocks: int, memo: HitMemo | None = None) -> list[int]:

@@ -186,6 +186,9 @@ class SyntheticContent:
         return out
 
 
+RECOUNT_EVERY = 256  # ChainCache: full recount of the hashes held, every this many hand-outs
+
+
 class ChainCache:
     """Shares one growing hash chain per (session, shared prefix, system length) across turns.
 
@@ -194,14 +197,25 @@ class ChainCache:
     recomputed, with identical values).
     """
 
-    def __init__(self, max_chains: int = 16384) -> None:
-        if max_chains < 1:
-            raise ValueError("max_chains must be >= 1")
+    def __init__(self, max_chains: int = 16384, max_hashes: int = 2_000_000) -> None:
+        if max_chains < 1 or max_hashes < 1:
+            raise ValueError("max_chains and max_hashes must be >= 1")
         self._max = max_chains
-        self._chains: OrderedDict[tuple[str, str | None, int], list[int]] = OrderedDict()
+        self._max_hashes = max_hashes
+        # key -> (the chain, its length when last counted into ``_total``)
+        self._chains: OrderedDict[tuple[str, str | None, int], tuple[list[int], int]] = OrderedDict()
+        self._total = 0
+        self._calls = 0
+        self._last: tuple[str, str | None, int] | None = None
 
     def __len__(self) -> int:
         return len(self._chains)
+
+    @property
+    def stored_hashes(self) -> int:
+        """Hashes held, as counted when each chain was last handed out (chains grow in the
+        caller's hands between calls, by at most one request's prompt)."""
+        return self._total
 
     def synthetic(
         self, session_id: str, shared_prefix_id: str | None = None, system_prompt_tokens: int = 0
@@ -209,20 +223,36 @@ class ChainCache:
         shared = shared_prefix_id or None
         key = (session_id, shared, system_prompt_tokens if shared else 0)
         chains = self._chains
-        hashes = chains.get(key)
-        if hashes is None:
-            hashes = []
-            chains[key] = hashes
-            if len(chains) > self._max:
-                chains.popitem(last=False)
+        self._calls += 1
+        if self._calls % RECOUNT_EVERY == 0:  # chains grow in their holders' hands: recount all
+            for k, (h, _) in chains.items():
+                chains[k] = (h, len(h))
+            self._total = sum(len(h) for h, _ in chains.values())
+        elif self._last is not None and self._last in chains:  # the chain handed out last grew most
+            h, counted = chains[self._last]
+            self._total += len(h) - counted
+            chains[self._last] = (h, len(h))
+        entry = chains.get(key)
+        if entry is None:
+            hashes: list[int] = []
+            chains[key] = (hashes, 0)
         else:
+            hashes, counted = entry
+            self._total += len(hashes) - counted
+            chains[key] = (hashes, len(hashes))
             chains.move_to_end(key)
+        self._last = key
+        # bounded by chains and by hashes held (a soak of ever-new sessions grew a replica's
+        # RSS by ~140 MB per 10 minutes under the chain bound alone)
+        while len(chains) > 1 and (len(chains) > self._max or self._total > self._max_hashes):
+            _, (_, dropped) = chains.popitem(last=False)
+            self._total -= dropped
         return SyntheticContent(session_id, shared, system_prompt_tokens, _hashes=hashes)
 
     def forget(self, session_id: str) -> None:
         """Drop every chain of a finished session."""
         for key in [k for k in self._chains if k[0] == session_id]:
-            del self._chains[key]
+            self._total -= self._chains.pop(key)[1]
 
 
 DEFAULT_CHAINS = ChainCache()

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.engine import kv_cache
 from sim.engine.kv_cache import BlockPool, KVRequest
 from sim.engine.tokens import (
     BLOCK_SIZE,
@@ -178,6 +179,33 @@ def test_chain_cache_shares_one_growing_chain_per_session() -> None:
     assert len(cache) == 2  # s3 and s1 (s2 evicted when s1 came back)
     cache.forget("s1")
     assert len(cache) == 1
+
+
+def test_chain_cache_is_bounded_by_hashes_held() -> None:
+    """Ever-new sessions (a soak) cannot grow the cache past ``max_hashes`` (+ the growth of
+    the chain handed out last): the oldest chains go first, values stay identical."""
+    cache = ChainCache(max_chains=10_000, max_hashes=1_000)
+    first = cache.synthetic("s0")
+    first.block_hashes(300)
+    for i in range(1, 50):
+        cache.synthetic(f"s{i}").block_hashes(300)
+        assert cache.stored_hashes <= 1_000
+    assert len(cache) <= 4
+    again = cache.synthetic("s0")
+    assert again.block_hashes(0) is not first.block_hashes(0)  # dropped and rebuilt
+    assert again.block_hashes(300) == first.block_hashes(300)
+    cache.forget("s0")
+    assert cache.stored_hashes <= 1_000 and all(k[0] != "s0" for k in cache._chains)
+
+
+def test_content_memos_are_bounded() -> None:
+    pool = BlockPool(64)
+    chains = ChainCache()
+    for i in range(kv_cache.MAX_CONTENT_MEMOS + 10):
+        pool.content_hit_count(chains.synthetic(f"m{i}"), 4)
+    assert len(pool._content_memos) <= kv_cache.MAX_CONTENT_MEMOS
+    assert ("m0", None, 0) not in pool._content_memos  # the oldest went first
+    assert (f"m{kv_cache.MAX_CONTENT_MEMOS + 9}", None, 0) in pool._content_memos
 
 
 @settings(max_examples=60, deadline=None)
