@@ -18,12 +18,9 @@ simulator only moves time and plays the I/O around them:
 - planner wall time is measured around ``Policy.plan`` and reported as a share of the
   simulated makespan; it never moves virtual time, so a run is deterministic.
 
-One addition to the shipped router, ``pause_revalidation`` (default on, see ``_revalidate_pauses``):
-contract A's snapshot does not say which RUNNING sessions are already marked to pause, so a
-policy re-planning while a marked request still runs marks *more* sessions for the same
-excess. With the flag on, the simulator drops pauses that pending releases already cover,
-as upstream ThunderAgent does with its ``future_paused_tokens``; it is a proposed router-core
-change and the flag lets both behaviours be measured.
+``pause_revalidation`` (default on) is the router core's (``CoreConfig.pause_revalidation``):
+a plan's pause is dropped when pending releases already cover its replica's excess; the flag
+lets the behaviour without it be measured.
 
 Ties in virtual time are broken by insertion order; nothing iterates over a hash-ordered set.
 """
@@ -56,6 +53,10 @@ CHAINS = ChainCache(max_chains=1 << 16)
 
 class SimulationError(RuntimeError):
     """The simulation cannot go on (e.g. a request larger than a replica's KV cache)."""
+
+
+#: the router core's reasons for dropping a plan's pause at revalidation (counted apart)
+PAUSE_DROPPED = frozenset({"pause: replica no longer over capacity", "pause: already marked"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +147,7 @@ class ClusterSim:
             profile = get_profile(config.profile)
         self.core = RouterCore(
             CoreConfig(target_utilisation=config.utilisation_target, gating=self.gating,
-                       sticky=bool(policy.sticky)),
+                       sticky=bool(policy.sticky), pause_revalidation=config.pause_revalidation),
             None if self.gating else self.policy,
         )
         self.replicas: list[_Replica] = []
@@ -394,36 +395,17 @@ class ClusterSim:
     def _apply(self, plan: Plan, snapshot_at_s: float) -> None:
         c = self.counters
         c["plans_applied"] += 1
-        pauses = self._revalidate_pauses(plan.pauses) if self.cfg.pause_revalidation else plan.pauses
+        pauses = plan.pauses
         report = self.core.apply_plan(self.now, PlanDecision(
             tuple((a.session, a.replica) for a in plan.assignments), tuple(pauses), snapshot_at_s, plan.policy))
         c["admitted"] += len(report.admitted)
-        c["rejected"] += len(report.rejected)
+        dropped = sum(1 for _, why in report.rejected if why in PAUSE_DROPPED)
+        c["pauses_dropped"] += dropped
+        c["rejected"] += len(report.rejected) - dropped
         c["paused_acting"] += len(report.paused)
         c["pause_deferred"] += len(report.pause_deferred)
         for sid in report.paused:
             self.by_id[sid].paused_since_request = True
         for g in self.core.dispatch(self.now):
             self._forward(self.by_id[g.session_id], g.replica)
-
-    def _revalidate_pauses(self, pauses: Sequence[str]) -> list[str]:
-        """Keep a pause only while its replica is over capacity once the footprints of
-        sessions already leaving are subtracted: those paused earlier in this plan and RUNNING
-        ones already marked (``pause_pending``) whose request is still in flight."""
-        core = self.core
-        excess = {rid: core.used.get(rid, 0) - core.capacity(rid) for rid in core.replicas}
-        for other in core.sessions.values():
-            if other.admitted and other.pause_pending and other.replica in excess:
-                excess[other.replica] -= other.footprint_tokens
-        kept = []
-        for sid in pauses:
-            cs = core.sessions.get(sid)
-            if cs is None or not cs.admitted or cs.pause_pending or cs.replica not in excess:
-                continue
-            if excess[cs.replica] <= 0:
-                self.counters["pauses_dropped"] += 1
-                continue
-            excess[cs.replica] -= cs.footprint_tokens
-            kept.append(sid)
-        return kept
 

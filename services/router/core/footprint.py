@@ -3,7 +3,9 @@
 f(s) = context + expected output, where context = last prompt + last output + expected next
 append (EWMA of appends) and expected output = EWMA of outputs. While a request is held its
 prompt estimate replaces the context when larger (the request itself says how big the next
-context is). Before any request has completed the expected output is
+context is), and so does the prompt of a request in flight while it runs (without it a
+session's first request counted as its expected output alone, so the planner filled the room
+that request was using and had to pause someone when it ended). Before any request has completed the expected output is
 ``min(max_tokens, default_output_tokens)``.
 """
 
@@ -44,6 +46,8 @@ def expected_output_tokens(session: Session, config: CoreConfig) -> int:
         expected = config.default_output_tokens
     if session.pending_max_tokens is not None:
         expected = min(expected, session.pending_max_tokens)
+    if session.in_flight > 0 and session.inflight_max_tokens is not None:
+        expected = min(expected, session.inflight_max_tokens)
     return max(0, expected)
 
 
@@ -52,4 +56,6 @@ def footprint_tokens(session: Session, config: CoreConfig) -> int:
     context = session.tokens.context_tokens + session.tokens.expected_append_tokens
     if session.held > 0:
         context = max(context, session.pending_prompt_tokens)
+    if session.in_flight > 0:
+        context = max(context, session.inflight_prompt_tokens)
     return context + expected_output_tokens(session, config)

@@ -35,6 +35,9 @@ class CoreConfig:
     sticky: bool = True
     #: a request tries at most this many replicas before its first byte
     max_attempts: int = 3
+    #: keep a plan's pause only while its replica is still over capacity once the sessions
+    #: already leaving (paused earlier in the plan, or RUNNING and marked) are subtracted
+    pause_revalidation: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 < self.target_utilisation <= 1.0:
@@ -116,6 +119,11 @@ class Session:
     pending_prompt_tokens: int = 0
     #: smallest max_tokens among held requests (None when not given)
     pending_max_tokens: int | None = None
+    #: prompt estimate of the largest request in flight (0 when none): while it runs, that
+    #: prompt is the session's context on its replica (a first request has no stats yet)
+    inflight_prompt_tokens: int = 0
+    #: smallest max_tokens among requests in flight (None when not given or none in flight)
+    inflight_max_tokens: int | None = None
     waiting_since_s: float | None = None
     acting_since_s: float | None = None
     last_cached_tokens: int = 0

@@ -3,9 +3,14 @@
 A plan was computed from a snapshot that is already old when it arrives. Each part is
 applied only if it still holds against live state:
 - pauses first (they free room for the assignments, as the planner assumed): the session
-  must still be admitted and not re-placed since the snapshot. ACTING (and admitted but
-  held) sessions leave at once; RUNNING ones are marked and leave when their request ends —
-  nothing in flight is ever cut;
+  must still be admitted and not re-placed since the snapshot, and (``pause_revalidation``)
+  its replica must still be over capacity once the footprints of sessions already leaving
+  are subtracted — those paused earlier in this plan and RUNNING ones already marked
+  (``pause_pending``). Contract A's snapshot does not say which RUNNING sessions are marked,
+  so a policy re-planning while a marked request still runs asks again for the same excess;
+  upstream ThunderAgent avoids the same double count with its ``future_paused_tokens``.
+  ACTING (and admitted but held) sessions leave at once; RUNNING ones are marked and leave
+  when their request ends — nothing in flight is ever cut;
 - then assignments, in plan order: the session still exists, is unplaced, not RUNNING, and
   its placement has not changed since the snapshot; the replica is known, healthy, not
   draining, has a known capacity and room for the session's footprint now, and has not just
@@ -33,6 +38,7 @@ def apply_plan(core: RouterCore, now_s: float, plan: PlanDecision) -> ApplyRepor
     paused: list[str] = []
     deferred: list[str] = []
     admitted: list[tuple[str, str]] = []
+    excess = _excess(core) if core.config.pause_revalidation and plan.pauses else None
     for sid in plan.pauses:
         s = core.sessions.get(sid)
         if s is None or not s.admitted:
@@ -41,6 +47,14 @@ def apply_plan(core: RouterCore, now_s: float, plan: PlanDecision) -> ApplyRepor
         if s.placed_s > plan.snapshot_at_s:
             rejected.append((sid, "pause: placement changed after the snapshot"))
             continue
+        if s.pause_pending:
+            rejected.append((sid, "pause: already marked"))
+            continue
+        if excess is not None and s.replica is not None:
+            if excess.get(s.replica, 0) <= 0:
+                rejected.append((sid, "pause: replica no longer over capacity"))
+                continue
+            excess[s.replica] -= s.footprint_tokens
         if s.in_flight > 0:
             core._put(replace(s, pause_pending=True))
             deferred.append(sid)
@@ -60,6 +74,15 @@ def apply_plan(core: RouterCore, now_s: float, plan: PlanDecision) -> ApplyRepor
         core.last_reject.pop(sid, None)
         admitted.append((sid, rid))
     return ApplyReport(tuple(admitted), tuple(paused), tuple(deferred), tuple(rejected))
+
+
+def _excess(core: RouterCore) -> dict[str, int]:
+    """Tokens per replica above capacity, counting marked RUNNING sessions as already gone."""
+    excess = {rid: core.used.get(rid, 0) - core.capacity(rid) for rid in core.replicas}
+    for s in core.sessions.values():
+        if s.admitted and s.pause_pending and s.replica in excess:
+            excess[s.replica] -= s.footprint_tokens
+    return excess
 
 
 def _check_assignment(core: RouterCore, sid: str, rid: str, snapshot_at_s: float) -> str | None:

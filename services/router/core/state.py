@@ -231,6 +231,9 @@ class RouterCore:
         self.in_flight[req.request_id] = InFlight(req.request_id, s.id, req.tenant, replica, now_s, req)
         s.held -= 1
         s.in_flight += 1
+        s.inflight_prompt_tokens = max(s.inflight_prompt_tokens, req.prompt_tokens_estimate)
+        if req.max_tokens is not None:
+            s.inflight_max_tokens = min(s.inflight_max_tokens or req.max_tokens, req.max_tokens)
         s.updated_s = now_s
         if s.held == 0:
             s.waiting_since_s = None
@@ -284,6 +287,8 @@ class RouterCore:
         s.updated_s = now_s
         pool_changed = False
         if s.in_flight == 0:
+            s.inflight_prompt_tokens = 0
+            s.inflight_max_tokens = None
             s.acting_since_s = now_s
             if s.single_turn and s.held == 0:
                 self._end(s.id)
@@ -307,7 +312,9 @@ class RouterCore:
         s = self.sessions.get(f.session_id)
         if s is None:
             return False
-        s = replace(s, in_flight=s.in_flight - 1, updated_s=now_s)
+        s = replace(s, in_flight=s.in_flight - 1, updated_s=now_s,
+                    inflight_prompt_tokens=s.inflight_prompt_tokens if s.in_flight > 1 else 0,
+                    inflight_max_tokens=s.inflight_max_tokens if s.in_flight > 1 else None)
         if s.admitted and s.replica == f.replica:
             s = self._unadmit(s, now_s, avoid=f.replica)
         attempts = f.held.attempts + 1
@@ -378,6 +385,7 @@ class RouterCore:
             keep = s.admitted and s.replica in self.replicas
             self._put(replace(
                 s, in_flight=0, held=0, pause_pending=False, waiting_since_s=None, pending_prompt_tokens=0,
+                inflight_prompt_tokens=0, inflight_max_tokens=None,
                 pending_max_tokens=None, admitted=keep, replica=s.replica if keep else None,
             ), pool_changed=True)
 

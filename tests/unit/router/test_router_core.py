@@ -162,22 +162,59 @@ def test_plan_revalidation_rejects_stale_and_infeasible_parts() -> None:
 def test_pauses_apply_before_assignments_and_never_cut_running_requests() -> None:
     core = make(replicas=0)
     core.upsert_replica(rep("r0", kv=2000), 0.0)  # capacity 1900
+    core.upsert_replica(rep("r1", kv=10_000), 0.0)
     for sid in ("a", "b"):
         core.arrive(0.0, req(f"q{sid}", sid, prompt=800, max_tokens=100))
     core.apply_plan(0.0, PlanDecision((("a", "r0"), ("b", "r0")), (), 0.0, "t"))
     core.dispatch(0.0)
-    core.finish(1.0, "qa", Usage(800, 100))  # a: ACTING admitted; b: RUNNING
-    core.arrive(2.0, req("qc", "c", prompt=800, max_tokens=100))
-    # no room for c until a is paused: pause a and admit c in one plan
+    assert core.used["r0"] == 2 * 900  # a request in flight counts its prompt
+    core.finish(1.0, "qa", Usage(800, 100))  # a: ACTING admitted (1000); b: RUNNING (900)
+    assert core.used["r0"] == 1000 + 900
+    core.upsert_replica(rep("r0", kv=1700), 1.5)  # capacity 1615: over by 285
+    core.arrive(2.0, req("qc", "c", prompt=300, max_tokens=100))
+    # pausing a covers the excess and frees the room c takes in the same plan; b stays
     report = core.apply_plan(2.0, PlanDecision((("c", "r0"),), ("a", "b"), 2.0, "t"))
-    assert report.paused == ("a",) and report.pause_deferred == ("b",)
+    assert report.paused == ("a",) and report.pause_deferred == ()
+    assert report.rejected == (("b", "pause: replica no longer over capacity"),)
     assert report.admitted == (("c", "r0"),)
     assert core.phase(core.sessions["a"]) == "PAUSED" and not core.sessions["a"].admitted
+    # over again (capacity 950 < 900 + 400): the RUNNING b is marked, never cut
+    core.upsert_replica(rep("r0", kv=1000), 2.5)
+    report = core.apply_plan(3.0, PlanDecision((), ("b",), 3.0, "t"))
+    assert report.pause_deferred == ("b",)
     b = core.sessions["b"]
     assert b.admitted and b.pause_pending and core.phase(b) == "RUNNING"
-    core.finish(3.0, "qb", Usage(800, 100))
+    core.finish(4.0, "qb", Usage(800, 100))
     assert core.phase(core.sessions["b"]) == "PAUSED"
     check_invariants(core)
+
+
+def test_pause_revalidation_does_not_pause_twice_for_one_excess() -> None:
+    core = make(replicas=0)
+    core.upsert_replica(rep("r0", kv=3000), 0.0)  # capacity 2850
+    for sid in ("a", "b", "c"):
+        core.arrive(0.0, req(f"q{sid}", sid, prompt=800, max_tokens=100))
+    core.apply_plan(0.0, PlanDecision(tuple((x, "r0") for x in "abc"), (), 0.0, "t"))
+    core.dispatch(0.0)  # all three RUNNING, 2700 used
+    core.upsert_replica(rep("r0", kv=2500), 0.5)  # capacity 2375: over by 325 < one footprint
+    report = core.apply_plan(1.0, PlanDecision((), ("a", "b", "c"), 1.0, "t"))
+    assert report.pause_deferred == ("a",)
+    assert [why for _, why in report.rejected] == ["pause: replica no longer over capacity"] * 2
+    # a later plan (its snapshot cannot show a's mark) asks again for the same excess
+    report = core.apply_plan(2.0, PlanDecision((), ("b",), 2.0, "t"))
+    assert report.pause_deferred == () and report.rejected == (("b", "pause: replica no longer over capacity"),)
+    report = core.apply_plan(2.0, PlanDecision((), ("a",), 2.0, "t"))
+    assert report.rejected == (("a", "pause: already marked"),)
+    # without revalidation every requested pause is applied
+    raw = make(replicas=0, pause_revalidation=False)
+    raw.upsert_replica(rep("r0", kv=3000), 0.0)
+    for sid in ("a", "b"):
+        raw.arrive(0.0, req(f"q{sid}", sid, prompt=800, max_tokens=100))
+    raw.apply_plan(0.0, PlanDecision((("a", "r0"), ("b", "r0")), (), 0.0, "t"))
+    raw.dispatch(0.0)
+    assert raw.apply_plan(1.0, PlanDecision((), ("a", "b"), 1.0, "t")).pause_deferred == ("a", "b")
+    check_invariants(core)
+    check_invariants(raw)
 
 
 def test_replica_failure_before_first_byte_retries_elsewhere_with_zero_credit() -> None:
