@@ -290,9 +290,11 @@ class AsyncToolReporter:
                     self._wake.clear()
                     window.clear()
                     waits = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(window.wait()), reader]
-                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                    for w in waits[:2]:
-                        w.cancel()
+                    try:
+                        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                    finally:  # also when this task is cancelled (close): no orphaned waiters
+                        for w in waits[:2]:
+                            w.cancel()
                     continue
                 batch: list[pb.ToolEvent] = []
                 while self._unsent and len(batch) < self.batch_events:
