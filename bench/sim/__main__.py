@@ -38,6 +38,28 @@ SEED_TARGETS = {
 }
 
 
+def parse_scales(text: str, setups: set[str]) -> dict[str, float]:
+    """``"0.5"`` (every setup) or ``"setup=0.5,other=0.25"`` -> {setup: factor}."""
+    def factor(v: str) -> float:
+        f = float(v)
+        if not f > 0:
+            raise ValueError(f"factor must be > 0, got {v}")
+        return f
+
+    text = text.strip()
+    if "=" not in text:
+        f = factor(text)
+        return {s: f for s in setups}
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        name = name.strip()
+        if name not in setups:
+            raise ValueError(f"unknown setup {name!r}; known: {', '.join(sorted(setups))}")
+        out[name] = factor(value)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.sim", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="smoke run: three tiny configurations")
@@ -47,18 +69,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint", default=None,
                     help="append each result to this JSONL as it arrives and reuse results already in it (resume)")
     ap.add_argument("--only", default=None, help="run only configurations whose key contains this")
-    ap.add_argument("--sessions-scale", type=float, default=1.0,
-                    help="multiply every configuration's session count (at least its concurrency); <1 is faster")
+    ap.add_argument("--sessions-scale", default="1.0",
+                    help="multiply configurations' session counts (at least their concurrency); <1 is faster. "
+                         "One factor for all, or per setup: 'glm-1xTP8=0.5,2node-2xTP4=0.5' (others stay 1)")
     args = ap.parse_args(argv)
     console = Console(width=max(Console().width, 150))
 
     points: tuple[GridPoint, ...] = quick_grid() if args.quick else GRID
-    if args.sessions_scale != 1.0:
-        if args.sessions_scale <= 0:
-            print("--sessions-scale must be > 0", file=sys.stderr)
-            return 2
-        points = tuple(replace(p, sessions=max(p.concurrency, round(p.sessions * args.sessions_scale)))
-                       for p in points)
+    try:
+        scales = parse_scales(args.sessions_scale, {p.setup for p in points})
+    except ValueError as exc:
+        print(f"--sessions-scale: {exc}", file=sys.stderr)
+        return 2
+    points = tuple(replace(p, sessions=max(p.concurrency, round(p.sessions * scales.get(p.setup, 1.0))))
+                   if scales.get(p.setup, 1.0) != 1.0 else p for p in points)
     if args.only:
         points = tuple(p for p in points if args.only in p.key)
         if not points:
@@ -78,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
 
     console.print(f"[bold]bench.sim[/bold]: {len(points)} configurations, "
                   f"{sum(len(policies_of(p)) for p in points)} simulations, jobs={args.jobs}")
+    if any(f != 1.0 for f in scales.values()):
+        console.print("sessions per configuration (scaled): "
+                      + ", ".join(f"{p.key} {p.sessions}" for p in points))
     results, wall = run_grid(points, policies_of, args.seed, QUICK_MAX_TURNS if args.quick else None,
                              args.jobs, on_result, Path(args.checkpoint) if args.checkpoint else None)
     by_point: dict[str, dict[str, Any]] = {p.key: {} for p in points}
@@ -113,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"simulation summed over {len(results)} runs, jobs={args.jobs}); machine: {machine}")
     if args.json_out:
         doc = {
-            "quick": args.quick, "seed": args.seed, "jobs": args.jobs, "sessions_scale": args.sessions_scale,
+            "quick": args.quick, "seed": args.seed, "jobs": args.jobs, "sessions_scale": scales,
             "runtime_s": wall,
             "simulation_s_summed": sim_wall, "simulation_cpu_s_summed": sim_cpu, "machine": machine, "targets": SEED_TARGETS,
             "configurations": [

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.sim.__main__ import main as bench_main
+from bench.sim.__main__ import parse_scales
 from bench.sim.grid import GRID, MAIN_POLICIES
 from bench.sim.summary import gain_pct, grid_summary, point_summary
 
@@ -60,3 +61,14 @@ def test_quick_smoke_run_writes_json(tmp_path: Path) -> None:
     assert set(cfg["policies"]) == {"tao", "oracle", "thunderagent", "round_robin"}
     assert doc["summary"]["configurations"] == 1
     assert doc["machine"]["cpu_count"] >= 1 and doc["runtime_s"] > 0
+
+
+def test_sessions_scale_for_all_or_per_setup() -> None:
+    setups = {"a", "b"}
+    assert parse_scales("0.5", setups) == {"a": 0.5, "b": 0.5}
+    assert parse_scales("b=0.25", setups) == {"b": 0.25}
+    for bad in ("0", "-1", "c=0.5", "a=0", "a=x"):
+        with pytest.raises(ValueError):
+            parse_scales(bad, setups)
+    assert bench_main(["--quick", "--only", "nothing-matches"]) == 2
+    assert bench_main(["--sessions-scale", "nope=2"]) == 2
