@@ -24,7 +24,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.agreement.compare import COMPARED, agree, to_json
+from bench.agreement.compare import COMPARED, agree, mean_metrics, spread_pct, to_json
 from bench.e2e.driver import DriverConfig, TraceDriver
 from bench.e2e.reporter_adapter import ReporterToolEvents
 from bench.e2e.results import metrics_of, scrape_preemptions
@@ -33,7 +33,8 @@ from services.up.stack import Stack, StackConfig
 from sim.cluster.runner import compare as sim_compare
 from sim.cluster.simulator import SimConfig
 from sim.engine import PROFILES
-from sim.workload.generate import KINDS, GenerateOptions, generate
+from sim.workload.generate import GenerateOptions, generate
+from sim.workload.params import KINDS
 from sim.workload.trace import Session, write_trace
 
 DEFAULT_POLICIES = "tao,thunderagent,cache_aware,least_loaded,round_robin"
@@ -53,6 +54,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--time-scale", type=float, default=10.0,
                     help="live stack: model seconds per wall second (lower = less CPU noise, slower)")
     ap.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated (default {DEFAULT_POLICIES})")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="live runs per policy (rounds over all policies); metrics are averaged and their "
+                         "spread marks discordant pairs that are within live noise")
     ap.add_argument("--json", dest="json_out", type=Path, default=None, help="write everything here")
     ap.add_argument("--log-dir", type=Path, default=None, help="keep the live stacks' logs here")
     args = ap.parse_args(argv)
@@ -64,7 +68,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--policies needs at least two distinct policies")
     if args.profile not in PROFILES:
         ap.error(f"unknown profile {args.profile!r}; known: {', '.join(sorted(PROFILES))}")
-    for name in ("sessions", "concurrency", "replicas", "num_gpu_blocks"):
+    for name in ("sessions", "concurrency", "replicas", "num_gpu_blocks", "repeat"):
         if getattr(args, name) <= 0:
             ap.error(f"--{name.replace('_', '-')} must be > 0")
     if args.time_scale <= 0:
@@ -82,12 +86,12 @@ async def _drive(stack_addrs: Any, sessions: list[Session], args: argparse.Names
     return metrics_of(result, after - before)
 
 
-def run_live(sessions: list[Session], policy: str, args: argparse.Namespace, log_root: Path,
+def run_live(sessions: list[Session], policy: str, args: argparse.Namespace, log_dir: Path,
              console: Console) -> dict[str, Any]:
     tenants = tuple(sorted({s.tenant for s in sessions}))
     cfg = StackConfig(replicas=args.replicas, profile=args.profile, policy=policy, time_scale=args.time_scale,
                       num_gpu_blocks=args.num_gpu_blocks, total_budget=max(64, 2 * args.concurrency),
-                      tenants=tenants, log_dir=log_root / policy)
+                      tenants=tenants, log_dir=log_dir)
     stack = Stack(cfg)
     try:
         t0 = time.monotonic()
@@ -131,7 +135,8 @@ def tables(sim: dict[str, Any], live: dict[str, Any], agreement: list[Any]) -> l
     for col in ("metric", "simulator", "live stack", "tau", "same winner", "discordant pairs (sim gap / live gap)"):
         o.add_column(col)
     for a in agreement:
-        disc = "; ".join(f"{d.first}>{d.second} ({d.sim_gap_pct:+.1f}% / {d.e2e_gap_pct:+.1f}%)"
+        disc = "; ".join(f"{d.first}>{d.second} ({d.sim_gap_pct:+.1f}% / {d.e2e_gap_pct:+.1f}%"
+                         f"{', within live noise' if d.within_noise else ''})"
                          for d in a.discords) or "none"
         o.add_row(a.metric, " > ".join(a.sim_order), " > ".join(a.e2e_order), f"{a.tau:+.2f}",
                   "yes" if a.same_winner else "NO", disc)
@@ -157,19 +162,30 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"  sim  {o.name:<14} lat {m['mean_task_latency_s']:8.1f} s  ttft {m['mean_ttft_s']:6.2f} s  "
                       f"decode {m['decode_tokens_per_s']:7.1f} tok/s  [{o.wall_s:.1f} s wall]")
     sim_wall = time.monotonic() - t0
-    live: dict[str, Any] = {}
+    runs: dict[str, list[dict[str, Any]]] = {p: [] for p in args.policy_list}
     t1 = time.monotonic()
     try:
-        for policy in args.policy_list:
-            live[policy] = run_live(sessions, policy, args, log_root, console)
+        for k in range(args.repeat):  # rounds over all policies: slow drift hits every policy alike
+            for policy in args.policy_list:
+                log_dir = log_root / (policy if args.repeat == 1 else f"{policy}-{k + 1}")
+                runs[policy].append(run_live(sessions, policy, args, log_dir, console))
     except (RuntimeError, OSError) as exc:
         print(f"bench.agreement: {exc}", file=sys.stderr)
         return 1
     live_wall = time.monotonic() - t1
+    live = {p: mean_metrics(r) for p, r in runs.items()}
+    noise = {p: {m: spread_pct(r, m) for m in COMPARED} for p, r in runs.items()} if args.repeat > 1 else None
     sim = sim_doc["policies"]
-    result = agree(sim, live, COMPARED)
+    result = agree(sim, live, COMPARED, noise)
     for table in tables(sim, live, result):
         console.print(table)
+    if noise is not None:
+        console.print("live run-to-run spread (max − min) / mean over "
+                      f"{args.repeat} runs: " + "; ".join(
+                          f"{p} " + "/".join(f"{noise[p][m]:.1f}%" for m in COMPARED[:3]) for p in noise)
+                      + "  (latency/TTFT/decode)")
+        console.print("discordant pairs outside live noise: "
+                      + ", ".join(f"{a.metric} {len(a.resolved_discords)}" for a in result))
     headline = [a for a in result if a.metric in COMPARED[:3]]
     console.print("ranking agreement on the headline metrics: "
                   + ", ".join(f"{a.metric} tau {a.tau:+.2f} ({'same' if a.same_order else 'different'} order)"
@@ -179,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json_out:
         doc = {"config": {k: v for k, v in vars(args).items() if k not in ("json_out", "log_dir", "policy_list")}
                | {"policies": args.policy_list, "log_dir": str(log_root)},
-               "sim": sim_doc, "live": live, "agreement": to_json(result),
+               "sim": sim_doc, "live": live, "live_runs": runs, "live_spread_pct": noise,
+               "agreement": to_json(result),
                "wall_s": {"sim": round(sim_wall, 1), "live": round(live_wall, 1)}}
         args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
     return 0 if errors == 0 else 1

@@ -65,6 +65,9 @@ class Discord:
     second: str
     sim_gap_pct: float  # how much better ``first`` is in the simulator (positive)
     e2e_gap_pct: float  # how much better ``first`` is live (negative: it is worse)
+    #: the live gap is no larger than the live run-to-run spread of either policy on this
+    #: metric (only known with repeated live runs): the live order is not resolved
+    within_noise: bool = False
 
 
 def _better_pct(metric: str, a: float, b: float) -> float:
@@ -92,10 +95,35 @@ class MetricAgreement:
     def same_winner(self) -> bool:
         return self.sim_order[0] == self.e2e_order[0]
 
+    @property
+    def resolved_discords(self) -> list[Discord]:
+        """Discordant pairs whose live gap exceeds the live noise."""
+        return [d for d in self.discords if not d.within_noise]
+
+
+def spread_pct(runs: Sequence[Mapping[str, Any]], metric: str) -> float:
+    """(max − min) / |mean| of ``metric`` over repeated runs, in percent (0 for one run)."""
+    values = [float(r[metric]) for r in runs]
+    mean = sum(values) / len(values)
+    if len(values) < 2 or mean == 0:
+        return 0.0
+    return 100.0 * (max(values) - min(values)) / abs(mean)
+
+
+def mean_metrics(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Numeric metrics averaged over repeated runs (others from the first run)."""
+    out = dict(runs[0])
+    for k, v in runs[0].items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = sum(float(r[k]) for r in runs) / len(runs)
+    return out
+
 
 def agree(sim: Mapping[str, Mapping[str, Any]], e2e: Mapping[str, Mapping[str, Any]],
-          metrics: Sequence[str] = COMPARED) -> list[MetricAgreement]:
-    """Compare the two worlds' results ({policy: {metric: value}}) over the policies both ran."""
+          metrics: Sequence[str] = COMPARED,
+          noise_pct: Mapping[str, Mapping[str, float]] | None = None) -> list[MetricAgreement]:
+    """Compare the two worlds' results ({policy: {metric: value}}) over the policies both ran.
+    ``noise_pct`` ({policy: {metric: live spread %}}) marks discordant pairs within noise."""
     policies = sorted(set(sim) & set(e2e))
     if len(policies) < 2:
         raise ValueError("need at least two policies present in both results")
@@ -105,8 +133,13 @@ def agree(sim: Mapping[str, Mapping[str, Any]], e2e: Mapping[str, Mapping[str, A
         e = {p: float(e2e[p][m]) for p in policies}
         so, eo = ranking(s, m), ranking(e, m)
         pos = {p: i for i, p in enumerate(eo)}
-        discords = [Discord(m, x, y, _better_pct(m, s[x], s[y]), _better_pct(m, e[x], e[y]))
-                    for x, y in combinations(so, 2) if pos[x] > pos[y]]
+        discords = []
+        for x, y in combinations(so, 2):
+            if pos[x] > pos[y]:
+                live_gap = _better_pct(m, e[x], e[y])
+                noise = max((noise_pct or {}).get(x, {}).get(m, 0.0), (noise_pct or {}).get(y, {}).get(m, 0.0))
+                discords.append(Discord(m, x, y, _better_pct(m, s[x], s[y]), live_gap,
+                                        within_noise=noise > 0 and abs(live_gap) <= noise))
         out.append(MetricAgreement(m, so, eo, kendall_tau(so, eo), discords,
                                    {p: relative_gap(s[p], e[p]) for p in policies}))
     return out
@@ -118,6 +151,8 @@ def to_json(result: Sequence[MetricAgreement]) -> list[dict[str, Any]]:
          "same_order": a.same_order, "same_winner": a.same_winner,
          "gaps_pct": {p: (None if g is None else round(g, 2)) for p, g in a.gaps_pct.items()},
          "discordant_pairs": [{"sim_better": d.first, "sim_worse": d.second, "sim_gap_pct": round(d.sim_gap_pct, 2),
-                               "e2e_gap_pct": round(d.e2e_gap_pct, 2)} for d in a.discords]}
+                               "e2e_gap_pct": round(d.e2e_gap_pct, 2), "within_live_noise": d.within_noise}
+                              for d in a.discords],
+         "resolved_discordant_pairs": len(a.resolved_discords)}
         for a in result
     ]

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.agreement.compare import agree, kendall_tau, ranking, relative_gap
+from bench.agreement.compare import agree, kendall_tau, mean_metrics, ranking, relative_gap, spread_pct
 
 
 def test_relative_gap() -> None:
@@ -54,3 +54,21 @@ def test_agree_reports_discordant_pairs_with_both_gaps() -> None:
     assert res["mean_ttft_s"].same_order and res["mean_ttft_s"].discords == []
     with pytest.raises(ValueError):
         agree({"tao": base}, {"tao": base})
+
+
+def test_repeated_live_runs_average_and_mark_discords_within_noise() -> None:
+    runs = [{"mean_task_latency_s": 100.0, "errors": 0, "note": "a"}, {"mean_task_latency_s": 110.0, "errors": 0}]
+    assert mean_metrics(runs)["mean_task_latency_s"] == pytest.approx(105.0)
+    assert mean_metrics(runs)["note"] == "a"
+    assert spread_pct(runs, "mean_task_latency_s") == pytest.approx(100.0 * 10 / 105)
+    assert spread_pct(runs[:1], "mean_task_latency_s") == 0.0
+    base = {"mean_task_latency_s": 100.0, "mean_ttft_s": 1.0, "decode_tokens_per_s": 50.0,
+            "p90_task_latency_s": 200.0, "mean_ttft_after_tool_s": 1.0, "prefix_hit_rate": 0.9}
+    sim = {"tao": dict(base, mean_task_latency_s=90.0), "rr": dict(base)}
+    live = {"tao": dict(base, mean_task_latency_s=102.0), "rr": dict(base)}  # tao 2 % worse live
+    noisy = {"tao": {"mean_task_latency_s": 5.0}, "rr": {"mean_task_latency_s": 1.0}}
+    (d,) = next(a for a in agree(sim, live, noise_pct=noisy) if a.metric == "mean_task_latency_s").discords
+    assert d.within_noise
+    quiet = {"tao": {"mean_task_latency_s": 1.0}, "rr": {"mean_task_latency_s": 1.0}}
+    lat = next(a for a in agree(sim, live, noise_pct=quiet) if a.metric == "mean_task_latency_s")
+    assert not lat.discords[0].within_noise and len(lat.resolved_discords) == 1
