@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import structlog
@@ -102,6 +103,9 @@ class RouterRuntime:
                                      apply=self._apply_allocation, poll_s=settings.plan_poll_s, log=self.log)
         self.metrics = RouterMetrics(ctx.metrics, self)
         self.models: frozenset[str] = frozenset()
+        #: per model, the largest ``max_model_len`` of the healthy replicas serving it (None
+        #: when one of them does not say); derived with ``models`` on every replica change
+        self._max_model_len: dict[str, int | None] = {}
         self.upstream = UpstreamPool(
             connect_timeout_s=settings.upstream_connect_timeout_s, read_timeout_s=settings.upstream_read_timeout_s,
             max_connections=settings.upstream_max_connections, keepalive_s=UPSTREAM_KEEPALIVE_S,
@@ -263,6 +267,7 @@ class RouterRuntime:
     def _replica_changed(self, entry: ReplicaEntry) -> None:
         self.core.upsert_replica(entry.view(), self.now())
         self.models = frozenset(m for e in self.registry.entries.values() for m in e.models)
+        self._max_model_len = _context_limits(self.registry.entries.values())
         self.store.wake()
         self.pump()
 
@@ -276,18 +281,7 @@ class RouterRuntime:
     def max_model_len(self, model: str) -> int | None:
         """The largest context any healthy replica serving ``model`` accepts (vLLM's model card
         ``max_model_len``); None when a serving replica does not say (then nothing is judged)."""
-        best: int | None = None
-        for entry in self.registry.entries.values():
-            if not entry.view().healthy:
-                continue
-            for card in entry.model_cards:
-                if card.get("id") != model:
-                    continue
-                n = card.get("max_model_len")
-                if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
-                    return None
-                best = n if best is None else max(best, n)
-        return best
+        return self._max_model_len.get(model)
 
     def drop_if_unused(self, session_id: str) -> None:
         """A replica refused (4xx) the request that created this session: the session never
@@ -387,3 +381,20 @@ class RouterRuntime:
             await asyncio.sleep(1.0)
             if self.core.expire(self.now()):
                 self.store.wake()
+
+
+def _context_limits(entries: Iterable[ReplicaEntry]) -> dict[str, int | None]:
+    """Per model: the largest ``max_model_len`` on the healthy replicas serving it, or None as
+    soon as one of them has no valid value."""
+    out: dict[str, int | None] = {}
+    for entry in entries:
+        if not entry.view().healthy:
+            continue
+        for card in entry.model_cards:
+            model = str(card.get("id"))
+            n = card.get("max_model_len")
+            if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+                out[model] = None
+            elif model not in out or out[model] is not None:
+                out[model] = max(n, out.get(model) or 0)
+    return out

@@ -79,6 +79,8 @@ class RouterCore:
         self._d_tenants: set[str] = set()
         self._d_replicas: set[str] = set()
         self._d_pool: set[str] = set()
+        #: admissible tokens of the roomiest usable replica (kept by ``_replicas_changed``)
+        self._largest_capacity = 0
 
     # ------------------------------------------------------------------ bookkeeping helpers
 
@@ -89,10 +91,8 @@ class RouterCore:
         # max_model_len on a replica whose KV barely holds it) would never be admitted: it
         # counts as one whole replica, the most it can occupy (the engine preempts or
         # queues the rest, as vLLM does for any request that fits its max_model_len).
-        cap = max((r.capacity_tokens(self.config.target_utilisation) for r in self.replicas.values()
-                   if r.usable), default=0)
-        if 0 < cap < s.footprint_tokens:
-            s.footprint_tokens = cap
+        if 0 < self._largest_capacity < s.footprint_tokens:
+            s.footprint_tokens = self._largest_capacity
         known = s.id in self._contrib
         old = self._contrib.get(s.id)
         new = (s.replica, s.footprint_tokens) if s.admitted and s.replica is not None else None
@@ -397,6 +397,7 @@ class RouterCore:
         if old is not None and rep.reports_cached_tokens is False and old.reports_cached_tokens:
             rep = replace(rep, reports_cached_tokens=True)
         self.replicas[rep.id] = rep
+        self._replicas_changed()
         self.used.setdefault(rep.id, 0)
         if old != rep:
             self._d_replicas.add(rep.id)
@@ -404,6 +405,13 @@ class RouterCore:
             self.replica_down(rep.id, now_s)
         if rep.draining and (old is None or not old.draining):
             self._drain_sessions(rep.id, now_s)
+
+    def _replicas_changed(self) -> None:
+        """Refresh what is derived from the replica table (call after any change to a
+        replica's capacity or usability)."""
+        self._largest_capacity = max(
+            (r.capacity_tokens(self.config.target_utilisation) for r in self.replicas.values() if r.usable),
+            default=0)
 
     def _has_admitted(self, replica_id: str) -> bool:
         return any(c is not None and c[0] == replica_id for c in self._contrib.values())
@@ -413,6 +421,7 @@ class RouterCore:
         rep = self.replicas.get(replica_id)
         if rep is not None and rep.healthy:
             self.replicas[replica_id] = replace(rep, healthy=False)
+            self._replicas_changed()
             self._d_replicas.add(replica_id)
         moved = []
         for s in list(self.sessions.values()):
@@ -438,6 +447,7 @@ class RouterCore:
     def remove_replica(self, replica_id: str, now_s: float) -> None:
         self.replica_down(replica_id, now_s)
         self.replicas.pop(replica_id, None)
+        self._replicas_changed()
         self._d_replicas.add(replica_id)
 
     # --------------------------------------------------------------------------- tenants
