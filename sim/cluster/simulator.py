@@ -38,6 +38,7 @@ from services.planner.core.policy import Policy
 from services.predictor.core import EventType, Predictor, PredictorConfig, ToolEvent
 from services.predictor.core.config import ExplorationConfig
 from services.router.core.model import CoreConfig, NewRequest, PlanDecision, Replica, Usage
+from services.router.core.plans import PAUSE_DROPPED
 from services.router.core.snapshot import build_snapshot
 from services.router.core.state import RouterCore
 from sim.cluster.metrics import RequestRecord, SessionRecord
@@ -53,10 +54,6 @@ CHAINS = ChainCache(max_chains=1 << 16)
 
 class SimulationError(RuntimeError):
     """The simulation cannot go on (e.g. a request larger than a replica's KV cache)."""
-
-
-#: the router core's reasons for dropping a plan's pause at revalidation (counted apart)
-PAUSE_DROPPED = frozenset({"pause: replica no longer over capacity", "pause: already marked"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,11 +392,10 @@ class ClusterSim:
     def _apply(self, plan: Plan, snapshot_at_s: float) -> None:
         c = self.counters
         c["plans_applied"] += 1
-        pauses = plan.pauses
         report = self.core.apply_plan(self.now, PlanDecision(
-            tuple((a.session, a.replica) for a in plan.assignments), tuple(pauses), snapshot_at_s, plan.policy))
+            tuple((a.session, a.replica) for a in plan.assignments), tuple(plan.pauses), snapshot_at_s, plan.policy))
         c["admitted"] += len(report.admitted)
-        dropped = sum(1 for _, why in report.rejected if why in PAUSE_DROPPED)
+        dropped = sum(1 for _, why in report.rejected if why in PAUSE_DROPPED)  # counted apart
         c["pauses_dropped"] += dropped
         c["rejected"] += len(report.rejected) - dropped
         c["paused_acting"] += len(report.paused)

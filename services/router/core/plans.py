@@ -30,6 +30,12 @@ if TYPE_CHECKING:
     from services.router.core.state import RouterCore
 
 
+#: why a plan's pause is dropped by revalidation (the pause is no longer needed, not refused)
+PAUSE_ALREADY_MARKED = "pause: already marked"
+PAUSE_NOT_NEEDED = "pause: replica no longer over capacity"
+PAUSE_DROPPED = frozenset({PAUSE_ALREADY_MARKED, PAUSE_NOT_NEEDED})
+
+
 def apply_plan(core: RouterCore, now_s: float, plan: PlanDecision) -> ApplyReport:
     if not core.config.gating:
         reason = "per-request policy: plans are not used"
@@ -48,11 +54,11 @@ def apply_plan(core: RouterCore, now_s: float, plan: PlanDecision) -> ApplyRepor
             rejected.append((sid, "pause: placement changed after the snapshot"))
             continue
         if s.pause_pending:
-            rejected.append((sid, "pause: already marked"))
+            rejected.append((sid, PAUSE_ALREADY_MARKED))
             continue
         if excess is not None and s.replica is not None:
             if excess.get(s.replica, 0) <= 0:
-                rejected.append((sid, "pause: replica no longer over capacity"))
+                rejected.append((sid, PAUSE_NOT_NEEDED))
                 continue
             excess[s.replica] -= s.footprint_tokens
         if s.in_flight > 0:
