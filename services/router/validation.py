@@ -93,33 +93,30 @@ def _estimate_chat(messages: list[Any]) -> int:
     return chars // CHARS_PER_TOKEN
 
 
+def _is_id_list(value: Any) -> bool:
+    """A non-empty list of token ids."""
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in value))
+
+
 def _token_ids(prompt: Any) -> bool:
-    """A prompt of token ids (or a batch of them): its length is exact."""
-    if not isinstance(prompt, list) or not prompt:
-        return False
-    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return True
-    return all(_token_ids(p) for p in prompt)
+    """A (checked) prompt of token ids, or a batch of them: its length is exact."""
+    return _is_id_list(prompt) or (isinstance(prompt, list) and bool(prompt) and all(_is_id_list(p) for p in prompt))
 
 
 def _estimate_prompt(prompt: Any) -> int:
     if isinstance(prompt, str):
         return len(prompt) // CHARS_PER_TOKEN
-    if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if _is_id_list(prompt):
         return len(prompt)
     return max((_estimate_prompt(p) for p in prompt), default=0)
 
 
 def _check_prompt(prompt: Any) -> None:
-    if isinstance(prompt, str):
+    if isinstance(prompt, str) or _is_id_list(prompt):
         return
     if isinstance(prompt, list) and prompt:
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return
-        if all(isinstance(p, str) for p in prompt):
-            return
-        if all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
-               for p in prompt):
+        if all(isinstance(p, str) for p in prompt) or all(_is_id_list(p) for p in prompt):
             return
     raise _bad("'prompt' must be a string, a list of strings, or a (list of) token id list", "prompt",
                "invalid_type")
