@@ -27,7 +27,7 @@ from rich.table import Table
 from bench.agreement.compare import COMPARED, agree, mean_metrics, spread_pct, to_json
 from bench.e2e.driver import DriverConfig, TraceDriver
 from bench.e2e.reporter_adapter import ReporterToolEvents
-from bench.e2e.results import metrics_of, scrape_preemptions
+from bench.e2e.results import measure
 from services.planner.core.registry import POLICIES
 from services.up.stack import Stack, StackConfig
 from sim.cluster.runner import compare as sim_compare
@@ -80,10 +80,7 @@ async def _drive(stack_addrs: Any, sessions: list[Session], args: argparse.Names
     tools = ReporterToolEvents(stack_addrs.predictor, time_scale=args.time_scale)
     config = DriverConfig(base_url=stack_addrs.router_url, time_scale=args.time_scale,
                           concurrency=args.concurrency, tenant_header="x-tao-tenant")
-    before = await scrape_preemptions(stack_addrs.replicas)
-    result = await TraceDriver(config, tools).run(sessions)
-    after = await scrape_preemptions(stack_addrs.replicas)
-    return metrics_of(result, after - before)
+    return await measure(TraceDriver(config, tools), sessions, stack_addrs.replicas)
 
 
 def run_live(sessions: list[Session], policy: str, args: argparse.Namespace, log_dir: Path,

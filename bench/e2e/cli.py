@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.e2e.driver import DriverConfig, ToolEvents, TraceDriver
-from bench.e2e.results import metrics_of, scrape_preemptions
+from bench.e2e.results import measure
 from sim.workload.trace import TraceError, load_trace
 
 
@@ -39,14 +39,12 @@ async def play(args: argparse.Namespace) -> dict[str, Any]:
     config = DriverConfig(base_url=args.router.rstrip("/"), time_scale=args.time_scale,
                           concurrency=args.concurrency, api_key=args.api_key,
                           tenant_header="x-tao-tenant" if args.tenant_header else None)
-    before = await scrape_preemptions(args.replica) if args.replica else 0
-    result = await TraceDriver(config, tools).run(sessions)
-    after = await scrape_preemptions(args.replica) if args.replica else 0
+    metrics = await measure(TraceDriver(config, tools), sessions, args.replica)
     return {
         "config": {"trace": str(args.trace), "router": args.router, "predictor": args.predictor,
                    "time_scale": args.time_scale, "concurrency": args.concurrency, "sessions": len(sessions),
                    "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()}},
-        "policies": {args.label: metrics_of(result, after - before)},
+        "policies": {args.label: metrics},
     }
 
 

@@ -7,8 +7,9 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.e2e.driver import DriverResult
+from bench.e2e.driver import DriverResult, TraceDriver
 from sim.cluster.metrics import RequestRecord, SessionRecord, summarize
+from sim.workload.trace import Session
 
 #: a request held at the router longer than this counts as a paused wait
 HOLD_EPSILON_S = 1e-3
@@ -58,3 +59,11 @@ def metrics_of(result: DriverResult, preemptions: int = 0) -> dict[str, Any]:
     out["requests"] = len(requests)
     out["wall_s"] = round(result.wall_s, 3)
     return out
+
+
+async def measure(driver: TraceDriver, sessions: list[Session], replica_urls: list[str]) -> dict[str, Any]:
+    """Play ``sessions`` through ``driver``; the `tao sim run` metrics, with the preemptions the
+    replicas at ``replica_urls`` counted during the run."""
+    before = await scrape_preemptions(replica_urls)
+    result = await driver.run(sessions)
+    return metrics_of(result, await scrape_preemptions(replica_urls) - before)

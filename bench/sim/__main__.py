@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"--sessions-scale: {exc}", file=sys.stderr)
         return 2
-    points = tuple(replace(p, sessions=max(p.concurrency, round(p.sessions * scales.get(p.setup, 1.0))))
-                   if scales.get(p.setup, 1.0) != 1.0 else p for p in points)
+    points = tuple(p if (f := scales.get(p.setup, 1.0)) == 1.0
+                   else replace(p, sessions=max(p.concurrency, round(p.sessions * f))) for p in points)
     if args.only:
         points = tuple(p for p in points if args.only in p.key)
         if not points:
