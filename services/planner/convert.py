@@ -44,7 +44,7 @@ from services.planner.core.model import (
     Snapshot,
     SnapshotError,
 )
-from services.router.core.readiness import PredictionView, is_ready
+from services.router.core.readiness import PredictionView, is_current, is_ready
 from tao.common.v1 import common_pb2
 from tao.planner.v1 import planner_pb2
 
@@ -84,6 +84,10 @@ def snapshot_from_proto(msg: planner_pb2.Snapshot) -> Snapshot:
             credits=tuple(CreditEvidence(c.replica, c.tokens, c.observed_at_s, c.kind or "cached_tokens")
                           for c in s.credits),
             phase=PHASE_FROM_PROTO.get(s.phase, "WAITING"), replica=s.replica or None, admitted=s.admitted,
+            context_tokens=s.context_tokens,
+            acting_since_s=s.acting_since_s if s.HasField("acting_since_s") else None,
+            waiting_since_s=s.waiting_since_s if s.HasField("waiting_since_s") else None,
+            tool_return_s=s.tool_return_s if s.HasField("tool_return_s") else None,
         ))
     snapshot = Snapshot(
         now_s=msg.now_s,
@@ -108,6 +112,8 @@ def snapshot_to_proto(snapshot: Snapshot) -> planner_pb2.Snapshot:
             credits=[planner_pb2.Credit(replica=c.replica, tokens=c.tokens, observed_at_s=c.observed_at_s,
                                         kind=c.kind) for c in s.credits],
             phase=PHASE_TO_PROTO[s.phase], replica=s.replica or "", admitted=s.admitted,
+            context_tokens=s.context_tokens, acting_since_s=s.acting_since_s,
+            waiting_since_s=s.waiting_since_s, tool_return_s=s.tool_return_s,
         ) for s in snapshot.sessions],
         tenant_headroom=dict(snapshot.tenant_headroom or {}),
     )
@@ -209,10 +215,13 @@ def snapshot_from_records(
         footprint = s.footprint_tokens or (s.context_tokens + s.expected_append_tokens + int(s.ewma_output_tokens))
         ready = s.phase == "WAITING"
         pred = predictions.get(s.session_id)
+        returns: float | None = None
         if not ready and pred is not None:
             view = PredictionView(pred.ready or pred.completed, pred.started_at_unix_s, pred.refreshed_at_unix_s,
                                   pred.predicted_return_unix_s, pred.deadline_unix_s)
             ready = is_ready(view, now_unix_s, s.acting_since_unix_s, horizon_s, fresh_s)
+            if is_current(view, now_unix_s, s.acting_since_unix_s, fresh_s):
+                returns = pred.predicted_return_unix_s
         credits = tuple(
             CreditEvidence(
                 replica=o.replica,
@@ -228,6 +237,7 @@ def snapshot_from_records(
             phase=s.phase if admitted or s.phase != "RUNNING" else "WAITING",
             replica=s.replica if admitted else None, admitted=admitted, context_tokens=s.context_tokens,
             acting_since_s=s.acting_since_unix_s, waiting_since_s=s.waiting_since_unix_s,
+            tool_return_s=returns,
         ))
     headroom = None
     if allocation is not None:

@@ -371,13 +371,18 @@ class ClusterSim:
         """What the planner sees now: the router core's snapshot with readiness from the
         predictor (or, for the oracle, from the trace's true tool end times)."""
         readiness: dict[str, bool] = {}
+        returns: dict[str, float] = {}
         for s in self.active.values():
             if s.phase == "ACTING":
                 if self.truth:
                     readiness[s.id] = s.tool_end_s - self.now <= self.horizon_s
+                    returns[s.id] = s.tool_end_s
                 else:
-                    readiness[s.id] = self.predictor.ready(s.id, self.now)
-        return build_snapshot(self.core, self.now, readiness)
+                    pred = self.predictor.predict(s.id, self.now)
+                    readiness[s.id] = pred.ready
+                    if pred.remaining_s is not None:
+                        returns[s.id] = self.now + pred.remaining_s
+        return build_snapshot(self.core, self.now, readiness, returns=returns)
 
     def _plan_and_apply_later(self) -> None:
         if not self.active:

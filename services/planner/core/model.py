@@ -79,6 +79,10 @@ class SessionState:
     context_tokens: int = 0
     acting_since_s: float | None = None
     waiting_since_s: float | None = None
+    tool_return_s: float | None = None
+    """Predicted time (snapshot clock) the running tool returns; None = no fresh prediction
+    (or no tool running). Readiness is this within the horizon; policies that order by
+    return time (Belady pauses, Continuum's TTL) read it directly."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +131,7 @@ class Snapshot:
                 raise SnapshotError(f"{where}.replica: unknown replica {ses.replica!r}")
             if ses.admitted and ses.replica is None:
                 raise SnapshotError(f"{where}.replica: an admitted session must name its replica")
-            for name in ("acting_since_s", "waiting_since_s"):
+            for name in ("acting_since_s", "waiting_since_s", "tool_return_s"):
                 value = getattr(ses, name)
                 if value is not None:
                     _check_time(f"{where}.{name}", value)
@@ -198,6 +202,7 @@ class Snapshot:
                     "context_tokens": s.context_tokens,
                     "acting_since_s": s.acting_since_s,
                     "waiting_since_s": s.waiting_since_s,
+                    "tool_return_s": s.tool_return_s,
                 }
                 for s in self.sessions
             ],
@@ -315,6 +320,7 @@ def _session_from_json(where: str, data: Any) -> SessionState:
     replica = obj.get("replica")
     acting = obj.get("acting_since_s")
     waiting = obj.get("waiting_since_s")
+    returns = obj.get("tool_return_s")
     return SessionState(
         id=_str(f"{where}.id", _req(obj, "id", where)),
         tenant=_str(f"{where}.tenant", _req(obj, "tenant", where)),
@@ -327,6 +333,7 @@ def _session_from_json(where: str, data: Any) -> SessionState:
         context_tokens=_int(f"{where}.context_tokens", obj.get("context_tokens", 0)),
         acting_since_s=None if acting is None else _number(f"{where}.acting_since_s", acting),
         waiting_since_s=None if waiting is None else _number(f"{where}.waiting_since_s", waiting),
+        tool_return_s=None if returns is None else _number(f"{where}.tool_return_s", returns),
     )
 
 

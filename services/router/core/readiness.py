@@ -29,6 +29,19 @@ class PredictionView:
     deadline_unix_s: float | None = None
 
 
+def is_current(
+    pred: PredictionView,
+    now_unix_s: float,
+    acting_since_unix_s: float | None,
+    fresh_s: float = FRESH_S,
+    skew_s: float = 0.5,
+) -> bool:
+    """The prediction is fresh and belongs to the session's current tool call."""
+    if now_unix_s - pred.refreshed_at_unix_s > fresh_s:
+        return False
+    return acting_since_unix_s is None or pred.started_at_unix_s >= acting_since_unix_s - skew_s
+
+
 def is_ready(
     pred: PredictionView,
     now_unix_s: float,
@@ -37,10 +50,8 @@ def is_ready(
     fresh_s: float = FRESH_S,
     skew_s: float = 0.5,
 ) -> bool:
-    if now_unix_s - pred.refreshed_at_unix_s > fresh_s:
-        return False
-    if acting_since_unix_s is not None and pred.started_at_unix_s < acting_since_unix_s - skew_s:
-        return False  # a prediction for a tool call before the last request
+    if not is_current(pred, now_unix_s, acting_since_unix_s, fresh_s, skew_s):
+        return False  # stale, or a prediction for a tool call before the last request
     if pred.ready:
         return True
     if pred.predicted_return_unix_s - now_unix_s <= horizon_s:

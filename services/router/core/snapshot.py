@@ -23,9 +23,12 @@ def build_snapshot(
     now_s: float,
     readiness: Mapping[str, bool],
     only: Iterable[str] | None = None,
+    returns: Mapping[str, float] | None = None,
 ) -> Snapshot:
     """Snapshot at ``now_s``; ``readiness`` holds predicted readiness per session (a session
-    with a held request is always ready); ``only`` restricts the sessions listed."""
+    with a held request is always ready); ``only`` restricts the sessions listed; ``returns``
+    holds the predicted tool-return time per acting session (same clock as ``now_s``)."""
+    returns = returns or {}
     replicas = tuple(
         ReplicaState(
             id=r.id,
@@ -64,6 +67,7 @@ def build_snapshot(
                 context_tokens=s.tokens.context_tokens,
                 acting_since_s=s.acting_since_s,
                 waiting_since_s=s.waiting_since_s,
+                tool_return_s=returns.get(s.id) if s.held == 0 else None,
             )
         )
     return Snapshot(now_s=now_s, replicas=replicas, sessions=tuple(sessions), tenant_headroom=core.tenant_headroom())

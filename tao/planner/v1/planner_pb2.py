@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tao.common.v1 import common_pb2 as tao_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctao/planner/v1/planner.proto\x12\x0etao.planner.v1\x1a\x1atao/common/v1/common.proto\"T\n\x07Replica\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0f\x63\x61pacity_tokens\x18\x02 \x01(\x03\x12\x13\n\x0bused_tokens\x18\x03 \x01(\x03\x12\x0f\n\x07healthy\x18\x04 \x01(\x08\"N\n\x06\x43redit\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\x03\x12\x15\n\robserved_at_s\x18\x03 \x01(\x01\x12\x0c\n\x04kind\x18\x04 \x01(\t\"\xc6\x01\n\x07Session\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x18\n\x10\x66ootprint_tokens\x18\x03 \x01(\x03\x12\r\n\x05ready\x18\x04 \x01(\x08\x12\'\n\x07\x63redits\x18\x05 \x03(\x0b\x32\x16.tao.planner.v1.Credit\x12*\n\x05phase\x18\x06 \x01(\x0e\x32\x1b.tao.common.v1.SessionPhase\x12\x0f\n\x07replica\x18\x07 \x01(\t\x12\x10\n\x08\x61\x64mitted\x18\x08 \x01(\x08\"\xed\x01\n\x08Snapshot\x12\r\n\x05now_s\x18\x01 \x01(\x01\x12)\n\x08replicas\x18\x02 \x03(\x0b\x32\x17.tao.planner.v1.Replica\x12)\n\x08sessions\x18\x03 \x03(\x0b\x32\x17.tao.planner.v1.Session\x12\x45\n\x0ftenant_headroom\x18\x04 \x03(\x0b\x32,.tao.planner.v1.Snapshot.TenantHeadroomEntry\x1a\x35\n\x13TenantHeadroomEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\".\n\nAssignment\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\t\"\xb9\x02\n\x04Plan\x12)\n\x08revision\x18\x01 \x01(\x0b\x32\x17.tao.common.v1.Revision\x12/\n\x0b\x61ssignments\x18\x02 \x03(\x0b\x32\x1a.tao.planner.v1.Assignment\x12\x0e\n\x06pauses\x18\x03 \x03(\t\x12+\n\tobjective\x18\x04 \x01(\x0b\x32\x18.tao.common.v1.Objective\x12\x0e\n\x06solver\x18\x05 \x01(\t\x12\x10\n\x08solve_ms\x18\x06 \x01(\x01\x12\x1c\n\x14\x65xcluded_by_rounding\x18\x07 \x01(\x03\x12-\n\x0bupper_bound\x18\x08 \x01(\x0b\x32\x18.tao.common.v1.Objective\x12\x0e\n\x06policy\x18\t \x01(\t\x12\x19\n\x11\x63reated_at_unix_s\x18\n \x01(\x01\"R\n\x14SolveSnapshotRequest\x12*\n\x08snapshot\x18\x01 \x01(\x0b\x32\x18.tao.planner.v1.Snapshot\x12\x0e\n\x06policy\x18\x02 \x01(\t\";\n\x15SolveSnapshotResponse\x12\"\n\x04plan\x18\x01 \x01(\x0b\x32\x14.tao.planner.v1.Plan\"\x10\n\x0eGetPlanRequest\"5\n\x0fGetPlanResponse\x12\"\n\x04plan\x18\x01 \x01(\x0b\x32\x14.tao.planner.v1.Plan\",\n\x11WatchPlansRequest\x12\x17\n\x0finclude_current\x18\x01 \x01(\x08\"8\n\x12WatchPlansResponse\x12\"\n\x04plan\x18\x01 \x01(\x0b\x32\x14.tao.planner.v1.Plan\"+\n\x15\x45xplainSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"]\n\x0cReplicaValue\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x15\n\rcredit_tokens\x18\x02 \x01(\x03\x12\x13\n\x0b\x66ree_tokens\x18\x03 \x01(\x03\x12\x10\n\x08\x65ligible\x18\x04 \x01(\x08\"\xfc\x01\n\x16\x45xplainSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x64mitted\x18\x02 \x01(\x08\x12\x0f\n\x07replica\x18\x03 \x01(\t\x12\r\n\x05ready\x18\x04 \x01(\x08\x12\x18\n\x10\x66ootprint_tokens\x18\x05 \x01(\x03\x12\x14\n\x0cneeded_units\x18\x06 \x01(\x03\x12,\n\x06values\x18\x07 \x03(\x0b\x32\x1c.tao.planner.v1.ReplicaValue\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12.\n\rplan_revision\x18\t \x01(\x0b\x32\x17.tao.common.v1.Revision2\xf2\x02\n\x0ePlannerService\x12\\\n\rSolveSnapshot\x12$.tao.planner.v1.SolveSnapshotRequest\x1a%.tao.planner.v1.SolveSnapshotResponse\x12J\n\x07GetPlan\x12\x1e.tao.planner.v1.GetPlanRequest\x1a\x1f.tao.planner.v1.GetPlanResponse\x12U\n\nWatchPlans\x12!.tao.planner.v1.WatchPlansRequest\x1a\".tao.planner.v1.WatchPlansResponse0\x01\x12_\n\x0e\x45xplainSession\x12%.tao.planner.v1.ExplainSessionRequest\x1a&.tao.planner.v1.ExplainSessionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctao/planner/v1/planner.proto\x12\x0etao.planner.v1\x1a\x1atao/common/v1/common.proto\"T\n\x07Replica\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0f\x63\x61pacity_tokens\x18\x02 \x01(\x03\x12\x13\n\x0bused_tokens\x18\x03 \x01(\x03\x12\x0f\n\x07healthy\x18\x04 \x01(\x08\"N\n\x06\x43redit\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\x03\x12\x15\n\robserved_at_s\x18\x03 \x01(\x01\x12\x0c\n\x04kind\x18\x04 \x01(\t\"\xee\x02\n\x07Session\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x18\n\x10\x66ootprint_tokens\x18\x03 \x01(\x03\x12\r\n\x05ready\x18\x04 \x01(\x08\x12\'\n\x07\x63redits\x18\x05 \x03(\x0b\x32\x16.tao.planner.v1.Credit\x12*\n\x05phase\x18\x06 \x01(\x0e\x32\x1b.tao.common.v1.SessionPhase\x12\x0f\n\x07replica\x18\x07 \x01(\t\x12\x10\n\x08\x61\x64mitted\x18\x08 \x01(\x08\x12\x16\n\x0e\x63ontext_tokens\x18\t \x01(\x03\x12\x1b\n\x0e\x61\x63ting_since_s\x18\n \x01(\x01H\x00\x88\x01\x01\x12\x1c\n\x0fwaiting_since_s\x18\x0b \x01(\x01H\x01\x88\x01\x01\x12\x1a\n\rtool_return_s\x18\x0c \x01(\x01H\x02\x88\x01\x01\x42\x11\n\x0f_acting_since_sB\x12\n\x10_waiting_since_sB\x10\n\x0e_tool_return_s\"\xed\x01\n\x08Snapshot\x12\r\n\x05now_s\x18\x01 \x01(\x01\x12)\n\x08replicas\x18\x02 \x03(\x0b\x32\x17.tao.planner.v1.Replica\x12)\n\x08sessions\x18\x03 \x03(\x0b\x32\x17.tao.planner.v1.Session\x12\x45\n\x0ftenant_headroom\x18\x04 \x03(\x0b\x32,.tao.planner.v1.Snapshot.TenantHeadroomEntry\x1a\x35\n\x13TenantHeadroomEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\".\n\nAssignment\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\t\"\xb9\x02\n\x04Plan\x12)\n\x08revision\x18\x01 \x01(\x0b\x32\x17.tao.common.v1.Revision\x12/\n\x0b\x61ssignments\x18\x02 \x03(\x0b\x32\x1a.tao.planner.v1.Assignment\x12\x0e\n\x06pauses\x18\x03 \x03(\t\x12+\n\tobjective\x18\x04 \x01(\x0b\x32\x18.tao.common.v1.Objective\x12\x0e\n\x06solver\x18\x05 \x01(\t\x12\x10\n\x08solve_ms\x18\x06 \x01(\x01\x12\x1c\n\x14\x65xcluded_by_rounding\x18\x07 \x01(\x03\x12-\n\x0bupper_bound\x18\x08 \x01(\x0b\x32\x18.tao.common.v1.Objective\x12\x0e\n\x06policy\x18\t \x01(\t\x12\x19\n\x11\x63reated_at_unix_s\x18\n \x01(\x01\"R\n\x14SolveSnapshotRequest\x12*\n\x08snapshot\x18\x01 \x01(\x0b\x32\x18.tao.planner.v1.Snapshot\x12\x0e\n\x06policy\x18\x02 \x01(\t\";\n\x15SolveSnapshotResponse\x12\"\n\x04plan\x18\x01 \x01(\x0b\x32\x14.tao.planner.v1.Plan\"\x10\n\x0eGetPlanRequest\"5\n\x0fGetPlanResponse\x12\"\n\x04plan\x18\x01 \x01(\x0b\x32\x14.tao.planner.v1.Plan\",\n\x11WatchPlansRequest\x12\x17\n\x0finclude_current\x18\x01 \x01(\x08\"8\n\x12WatchPlansResponse\x12\"\n\x04plan\x18\x01 \x01(\x0b\x32\x14.tao.planner.v1.Plan\"+\n\x15\x45xplainSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"]\n\x0cReplicaValue\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x15\n\rcredit_tokens\x18\x02 \x01(\x03\x12\x13\n\x0b\x66ree_tokens\x18\x03 \x01(\x03\x12\x10\n\x08\x65ligible\x18\x04 \x01(\x08\"\xfc\x01\n\x16\x45xplainSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x64mitted\x18\x02 \x01(\x08\x12\x0f\n\x07replica\x18\x03 \x01(\t\x12\r\n\x05ready\x18\x04 \x01(\x08\x12\x18\n\x10\x66ootprint_tokens\x18\x05 \x01(\x03\x12\x14\n\x0cneeded_units\x18\x06 \x01(\x03\x12,\n\x06values\x18\x07 \x03(\x0b\x32\x1c.tao.planner.v1.ReplicaValue\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12.\n\rplan_revision\x18\t \x01(\x0b\x32\x17.tao.common.v1.Revision2\xf2\x02\n\x0ePlannerService\x12\\\n\rSolveSnapshot\x12$.tao.planner.v1.SolveSnapshotRequest\x1a%.tao.planner.v1.SolveSnapshotResponse\x12J\n\x07GetPlan\x12\x1e.tao.planner.v1.GetPlanRequest\x1a\x1f.tao.planner.v1.GetPlanResponse\x12U\n\nWatchPlans\x12!.tao.planner.v1.WatchPlansRequest\x1a\".tao.planner.v1.WatchPlansResponse0\x01\x12_\n\x0e\x45xplainSession\x12%.tao.planner.v1.ExplainSessionRequest\x1a&.tao.planner.v1.ExplainSessionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,33 +39,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREDIT']._serialized_start=162
   _globals['_CREDIT']._serialized_end=240
   _globals['_SESSION']._serialized_start=243
-  _globals['_SESSION']._serialized_end=441
-  _globals['_SNAPSHOT']._serialized_start=444
-  _globals['_SNAPSHOT']._serialized_end=681
-  _globals['_SNAPSHOT_TENANTHEADROOMENTRY']._serialized_start=628
-  _globals['_SNAPSHOT_TENANTHEADROOMENTRY']._serialized_end=681
-  _globals['_ASSIGNMENT']._serialized_start=683
-  _globals['_ASSIGNMENT']._serialized_end=729
-  _globals['_PLAN']._serialized_start=732
-  _globals['_PLAN']._serialized_end=1045
-  _globals['_SOLVESNAPSHOTREQUEST']._serialized_start=1047
-  _globals['_SOLVESNAPSHOTREQUEST']._serialized_end=1129
-  _globals['_SOLVESNAPSHOTRESPONSE']._serialized_start=1131
-  _globals['_SOLVESNAPSHOTRESPONSE']._serialized_end=1190
-  _globals['_GETPLANREQUEST']._serialized_start=1192
-  _globals['_GETPLANREQUEST']._serialized_end=1208
-  _globals['_GETPLANRESPONSE']._serialized_start=1210
-  _globals['_GETPLANRESPONSE']._serialized_end=1263
-  _globals['_WATCHPLANSREQUEST']._serialized_start=1265
-  _globals['_WATCHPLANSREQUEST']._serialized_end=1309
-  _globals['_WATCHPLANSRESPONSE']._serialized_start=1311
-  _globals['_WATCHPLANSRESPONSE']._serialized_end=1367
-  _globals['_EXPLAINSESSIONREQUEST']._serialized_start=1369
-  _globals['_EXPLAINSESSIONREQUEST']._serialized_end=1412
-  _globals['_REPLICAVALUE']._serialized_start=1414
-  _globals['_REPLICAVALUE']._serialized_end=1507
-  _globals['_EXPLAINSESSIONRESPONSE']._serialized_start=1510
-  _globals['_EXPLAINSESSIONRESPONSE']._serialized_end=1762
-  _globals['_PLANNERSERVICE']._serialized_start=1765
-  _globals['_PLANNERSERVICE']._serialized_end=2135
+  _globals['_SESSION']._serialized_end=609
+  _globals['_SNAPSHOT']._serialized_start=612
+  _globals['_SNAPSHOT']._serialized_end=849
+  _globals['_SNAPSHOT_TENANTHEADROOMENTRY']._serialized_start=796
+  _globals['_SNAPSHOT_TENANTHEADROOMENTRY']._serialized_end=849
+  _globals['_ASSIGNMENT']._serialized_start=851
+  _globals['_ASSIGNMENT']._serialized_end=897
+  _globals['_PLAN']._serialized_start=900
+  _globals['_PLAN']._serialized_end=1213
+  _globals['_SOLVESNAPSHOTREQUEST']._serialized_start=1215
+  _globals['_SOLVESNAPSHOTREQUEST']._serialized_end=1297
+  _globals['_SOLVESNAPSHOTRESPONSE']._serialized_start=1299
+  _globals['_SOLVESNAPSHOTRESPONSE']._serialized_end=1358
+  _globals['_GETPLANREQUEST']._serialized_start=1360
+  _globals['_GETPLANREQUEST']._serialized_end=1376
+  _globals['_GETPLANRESPONSE']._serialized_start=1378
+  _globals['_GETPLANRESPONSE']._serialized_end=1431
+  _globals['_WATCHPLANSREQUEST']._serialized_start=1433
+  _globals['_WATCHPLANSREQUEST']._serialized_end=1477
+  _globals['_WATCHPLANSRESPONSE']._serialized_start=1479
+  _globals['_WATCHPLANSRESPONSE']._serialized_end=1535
+  _globals['_EXPLAINSESSIONREQUEST']._serialized_start=1537
+  _globals['_EXPLAINSESSIONREQUEST']._serialized_end=1580
+  _globals['_REPLICAVALUE']._serialized_start=1582
+  _globals['_REPLICAVALUE']._serialized_end=1675
+  _globals['_EXPLAINSESSIONRESPONSE']._serialized_start=1678
+  _globals['_EXPLAINSESSIONRESPONSE']._serialized_end=1930
+  _globals['_PLANNERSERVICE']._serialized_start=1933
+  _globals['_PLANNERSERVICE']._serialized_end=2303
 # @@protoc_insertion_point(module_scope)

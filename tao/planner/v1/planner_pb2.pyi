@@ -103,6 +103,10 @@ class Session(_message.Message):
     PHASE_FIELD_NUMBER: _builtins.int
     REPLICA_FIELD_NUMBER: _builtins.int
     ADMITTED_FIELD_NUMBER: _builtins.int
+    CONTEXT_TOKENS_FIELD_NUMBER: _builtins.int
+    ACTING_SINCE_S_FIELD_NUMBER: _builtins.int
+    WAITING_SINCE_S_FIELD_NUMBER: _builtins.int
+    TOOL_RETURN_S_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Session id."""
     tenant: _builtins.str
@@ -117,6 +121,14 @@ class Session(_message.Message):
     """Replica the session is admitted on, empty when in the pool."""
     admitted: _builtins.bool
     """True when the session holds admission (not in the pool)."""
+    context_tokens: _builtins.int
+    """Tokens of its current context (its next prompt without the new append)."""
+    acting_since_s: _builtins.float
+    """When its current tool call started (snapshot clock); unset when not acting."""
+    waiting_since_s: _builtins.float
+    """When its held request arrived (snapshot clock); unset when none is held."""
+    tool_return_s: _builtins.float
+    """Predicted tool return time (snapshot clock); unset without a fresh prediction."""
     @_builtins.property
     def credits(self) -> _containers.RepeatedCompositeFieldContainer[Global___Credit]:
         """Cache evidence per replica."""
@@ -132,12 +144,27 @@ class Session(_message.Message):
         phase: _common_pb2.SessionPhase.ValueType = ...,
         replica: _builtins.str = ...,
         admitted: _builtins.bool = ...,
+        context_tokens: _builtins.int = ...,
+        acting_since_s: _builtins.float | None = ...,
+        waiting_since_s: _builtins.float | None = ...,
+        tool_return_s: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_acting_since_s", b"_acting_since_s", "_tool_return_s", b"_tool_return_s", "_waiting_since_s", b"_waiting_since_s", "acting_since_s", b"acting_since_s", "tool_return_s", b"tool_return_s", "waiting_since_s", b"waiting_since_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted", b"admitted", "credits", b"credits", "footprint_tokens", b"footprint_tokens", "id", b"id", "phase", b"phase", "ready", b"ready", "replica", b"replica", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_acting_since_s", b"_acting_since_s", "_tool_return_s", b"_tool_return_s", "_waiting_since_s", b"_waiting_since_s", "acting_since_s", b"acting_since_s", "admitted", b"admitted", "context_tokens", b"context_tokens", "credits", b"credits", "footprint_tokens", b"footprint_tokens", "id", b"id", "phase", b"phase", "ready", b"ready", "replica", b"replica", "tenant", b"tenant", "tool_return_s", b"tool_return_s", "waiting_since_s", b"waiting_since_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__acting_since_s: _TypeAlias = _typing.Literal["acting_since_s"]  # noqa: Y015
+    _WhichOneofArgType__acting_since_s: _TypeAlias = _typing.Literal["_acting_since_s", b"_acting_since_s"]  # noqa: Y015
+    _WhichOneofReturnType__tool_return_s: _TypeAlias = _typing.Literal["tool_return_s"]  # noqa: Y015
+    _WhichOneofArgType__tool_return_s: _TypeAlias = _typing.Literal["_tool_return_s", b"_tool_return_s"]  # noqa: Y015
+    _WhichOneofReturnType__waiting_since_s: _TypeAlias = _typing.Literal["waiting_since_s"]  # noqa: Y015
+    _WhichOneofArgType__waiting_since_s: _TypeAlias = _typing.Literal["_waiting_since_s", b"_waiting_since_s"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__acting_since_s) -> _WhichOneofReturnType__acting_since_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tool_return_s) -> _WhichOneofReturnType__tool_return_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__waiting_since_s) -> _WhichOneofReturnType__waiting_since_s | None: ...
 
 Global___Session: _TypeAlias = Session  # noqa: Y015
 
