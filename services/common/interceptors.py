@@ -76,8 +76,10 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         authorised = exempt or self._token is None or self._check_token(metadata.get("authorization"))
         rid = str(metadata.get("x-request-id") or uuid.uuid4().hex[:16])
 
-        def finish(context: grpc.aio.ServicerContext, started: float, error: BaseException | None) -> None:
-            code = context.code() if hasattr(context, "code") else None
+        def finish(context: grpc.aio.ServicerContext, started: float, error: BaseException | None,
+                   code: grpc.StatusCode | None = None) -> None:
+            if code is None:
+                code = context.code() if hasattr(context, "code") else None
             if code is None:
                 code = grpc.StatusCode.OK if error is None else grpc.StatusCode.UNKNOWN
             code_name = code.name if isinstance(code, grpc.StatusCode) else str(code)
@@ -89,30 +91,44 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             if error is not None and not isinstance(error, (DomainError, grpc.aio.AbortError)):
                 self._log.error("rpc failed", method=method, error=repr(error))
 
-        async def begin(context: grpc.aio.ServicerContext) -> None:
+        # ``context.abort`` sends the status to the client before it raises, so a client could
+        # see the error and scrape /metrics before a ``finally`` recorded it. Every status this
+        # interceptor sends itself is therefore recorded first (``reject``); ``finish`` runs
+        # once per RPC either way.
+        async def reject(context: grpc.aio.ServicerContext, started: float, error: BaseException | None,
+                         code: grpc.StatusCode, details: str) -> None:
+            finish(context, started, error, code)
+            await context.abort(code, details)
+
+        async def begin(context: grpc.aio.ServicerContext, started: float) -> None:
             request_id_var.set(rid)
             self._metrics.started.labels(*labels).inc()
             if not authorised:
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+                await reject(context, started, None, grpc.StatusCode.UNAUTHENTICATED,
+                             "missing or invalid bearer token")
 
-        async def map_error(context: grpc.aio.ServicerContext, exc: DomainError) -> None:
-            await context.abort(exc.code, str(exc) or type(exc).__name__)
+        async def map_error(context: grpc.aio.ServicerContext, started: float, exc: DomainError) -> None:
+            await reject(context, started, exc, exc.code, str(exc) or type(exc).__name__)
 
         async def unary_response(inner: Callable[..., Awaitable[Any]], request: Any,
                                  context: grpc.aio.ServicerContext) -> Any:
             started = time.perf_counter()
             error: BaseException | None = None
+            recorded = False
             try:
-                await begin(context)
+                if not authorised:
+                    recorded = True
+                await begin(context, started)
                 return await inner(request, context)
             except DomainError as exc:
-                error = exc
-                await map_error(context, exc)
+                error, recorded = exc, True
+                await map_error(context, started, exc)
             except BaseException as exc:
                 error = exc
                 raise
             finally:
-                finish(context, started, error)
+                if not recorded:
+                    finish(context, started, error)
 
         if not handler.response_streaming:
             if handler.request_streaming:
@@ -138,18 +154,22 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         async def streaming(request_or_iter: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             started = time.perf_counter()
             error: BaseException | None = None
+            recorded = False
             try:
-                await begin(context)
+                if not authorised:
+                    recorded = True
+                await begin(context, started)
                 async for item in inner_stream(request_or_iter, context):
                     yield item
             except DomainError as exc:
-                error = exc
-                await map_error(context, exc)
+                error, recorded = exc, True
+                await map_error(context, started, exc)
             except BaseException as exc:
                 error = exc
                 raise
             finally:
-                finish(context, started, error)
+                if not recorded:
+                    finish(context, started, error)
 
         if handler.request_streaming:
             return grpc.stream_stream_rpc_method_handler(
