@@ -140,6 +140,7 @@ async def _attempt(rt: RouterRuntime, request: web.Request, ex: Exchange, grant:
                     usage = None
             elapsed = rt.now() - ex.arrived_s
             rt.first_token(ex.request_id, elapsed)
+            rt.metrics.ttft.observe(elapsed)  # an unstreamed answer's first byte goes out with all of it
             rt.registry.report_success(grant.replica)
             ex.settled = True
             rt.finish(ex.request_id, ex.tenant, usage, elapsed)
