@@ -6,8 +6,9 @@ Each input must get its documented error (OpenAI-style body for HTTP; INVALID_AR
 FAILED_PRECONDITION, RESOURCE_EXHAUSTED, UNAVAILABLE, NOT_FOUND, ALREADY_EXISTS for gRPC;
 never a 500, UNKNOWN or INTERNAL), change nothing when rejected, and leave every service
 SERVING. The catalogue and the fuzzer are ``bench.faults.badinput`` (shared with
-``tao check faults``). Router bugs this suite found are pinned as strict xfails below: they
-start failing (XPASS) once fixed, so the marker can go.
+``tao check faults``). The router bugs this suite found are fixed, and each has a
+regression test below: the context length judged by the router itself, a session the
+replica refused dropped at once, hostile replica ids refused by ``AddReplica``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.skipif(find_redis_binary() is None, reason="needs a red
 BODY_LIMIT = 1 << 20
 EXAMPLES = 25  # per RPC and per kind (arbitrary / near-valid): ~1,000 calls in all
 
-#: router cases that expose bugs reported to the lead (see the xfail tests)
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultEnv]:
     log_dir: Path = tmp_path_factory.mktemp("badinput-stack-logs")
