@@ -83,6 +83,11 @@ async def _drive(stack_addrs: Any, sessions: list[Session], args: argparse.Names
     return await measure(TraceDriver(config, tools), sessions, stack_addrs.replicas)
 
 
+def _busy(m: dict[str, Any]) -> str:
+    v = m.get("decode_tok_s_busy")
+    return "n/a" if v is None else f"{float(v):7.1f} tok/s"
+
+
 def run_live(sessions: list[Session], policy: str, args: argparse.Namespace, log_dir: Path,
              console: Console) -> dict[str, Any]:
     tenants = tuple(sorted({s.tenant for s in sessions}))
@@ -95,7 +100,8 @@ def run_live(sessions: list[Session], policy: str, args: argparse.Namespace, log
         addrs = stack.start()
         metrics = asyncio.run(_drive(addrs, sessions, args))
         console.print(f"  live {policy:<14} lat {metrics['mean_task_latency_s']:8.1f} s  "
-                      f"ttft {metrics['mean_ttft_s']:6.2f} s  decode {metrics['decode_tokens_per_s']:7.1f} tok/s  "
+                      f"ttft {metrics['mean_ttft_s']:6.2f} s  decode {metrics['decode_tok_s_makespan']:7.1f} tok/s makespan, "
+                      f"{_busy(metrics)} busy  "
                       f"errors {metrics['errors']}  [{time.monotonic() - t0:.0f} s wall]")
         dead = stack.failed()
         if dead:
@@ -157,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     for o in outcomes:
         m = o.metrics
         console.print(f"  sim  {o.name:<14} lat {m['mean_task_latency_s']:8.1f} s  ttft {m['mean_ttft_s']:6.2f} s  "
-                      f"decode {m['decode_tokens_per_s']:7.1f} tok/s  [{o.wall_s:.1f} s wall]")
+                      f"decode {m['decode_tok_s_makespan']:7.1f} tok/s makespan, {_busy(m)} busy  [{o.wall_s:.1f} s wall]")
     sim_wall = time.monotonic() - t0
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in args.policy_list}
     t1 = time.monotonic()

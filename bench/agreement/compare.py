@@ -21,8 +21,8 @@ from sim.cluster.metrics import BETTER
 #: the metrics compared (the headline three first); preemptions and pause wait are reported
 #: too but their sim/e2e definitions differ in detail (see README "Simulator vs live stack")
 COMPARED: tuple[str, ...] = (
-    "mean_task_latency_s", "mean_ttft_s", "decode_tokens_per_s", "p90_task_latency_s",
-    "mean_ttft_after_tool_s", "prefix_hit_rate",
+    "mean_task_latency_s", "mean_ttft_s", "decode_tok_s_makespan", "p90_task_latency_s",
+    "mean_ttft_after_tool_s", "prefix_hit_rate", "decode_tok_s_busy",
 )
 
 
@@ -103,8 +103,8 @@ class MetricAgreement:
 
 def spread_pct(runs: Sequence[Mapping[str, Any]], metric: str) -> float:
     """(max − min) / |mean| of ``metric`` over repeated runs, in percent (0 for one run)."""
-    values = [float(r[metric]) for r in runs]
-    mean = sum(values) / len(values)
+    values = [float(r[metric]) for r in runs if r.get(metric) is not None]
+    mean = sum(values) / len(values) if values else 0.0
     if len(values) < 2 or mean == 0:
         return 0.0
     return 100.0 * (max(values) - min(values)) / abs(mean)
@@ -129,6 +129,8 @@ def agree(sim: Mapping[str, Mapping[str, Any]], e2e: Mapping[str, Mapping[str, A
         raise ValueError("need at least two policies present in both results")
     out = []
     for m in metrics:
+        if any(sim[p].get(m) is None or e2e[p].get(m) is None for p in policies):
+            continue  # not reported by one side (decode_tok_s_busy from replicas without the counter)
         s = {p: float(sim[p][m]) for p in policies}
         e = {p: float(e2e[p][m]) for p in policies}
         so, eo = ranking(s, m), ranking(e, m)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -34,25 +35,55 @@ def to_records(result: DriverResult) -> tuple[list[RequestRecord], list[SessionR
     return requests, sessions
 
 
-async def scrape_preemptions(replica_urls: list[str]) -> int:
-    """Sum of ``vllm:num_preemptions_total`` over replicas (0 for unreachable ones)."""
-    total = 0.0
+@dataclass(frozen=True, slots=True)
+class ReplicaCounters:
+    """Counters summed over replicas: preemptions and busy seconds (model seconds spent
+    executing engine steps; None when a replica does not export ``tao_vllm_sim_busy_seconds``,
+    e.g. real vLLM, so decode tokens per busy second is then not reported)."""
+
+    preemptions: int = 0
+    busy_s: float | None = None
+
+    def __sub__(self, before: ReplicaCounters) -> ReplicaCounters:
+        busy = None if self.busy_s is None or before.busy_s is None else self.busy_s - before.busy_s
+        return ReplicaCounters(self.preemptions - before.preemptions, busy)
+
+
+async def scrape_counters(replica_urls: list[str]) -> ReplicaCounters:
+    """``vllm:num_preemptions_total`` and ``tao_vllm_sim_busy_seconds_total`` summed over the
+    replicas (unreachable ones count 0 preemptions and make the busy time unknown)."""
+    preempt = 0.0
+    busy: float | None = 0.0 if replica_urls else None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
         for url in replica_urls:
             try:
                 async with http.get(f"{url}/metrics") as resp:
                     text = await resp.text()
             except (aiohttp.ClientError, TimeoutError):
+                busy = None
                 continue
+            seen_busy = False
             for family in text_string_to_metric_families(text):
                 if family.name in ("vllm:num_preemptions", "vllm:num_preemptions_total"):
-                    total += sum(s.value for s in family.samples if s.name.endswith("_total"))
-    return int(total)
+                    preempt += sum(s.value for s in family.samples if s.name.endswith("_total"))
+                elif family.name in ("tao_vllm_sim_busy_seconds", "tao_vllm_sim_busy_seconds_total"):
+                    seen_busy = True
+                    if busy is not None:
+                        busy += sum(s.value for s in family.samples if s.name.endswith("_total"))
+            if not seen_busy:
+                busy = None
+    return ReplicaCounters(int(preempt), busy)
 
 
-def metrics_of(result: DriverResult, preemptions: int = 0) -> dict[str, Any]:
+async def scrape_preemptions(replica_urls: list[str]) -> int:
+    """Sum of ``vllm:num_preemptions_total`` over replicas (0 for unreachable ones)."""
+    return (await scrape_counters(replica_urls)).preemptions
+
+
+def metrics_of(result: DriverResult, preemptions: int = 0, busy_s: float | None = None) -> dict[str, Any]:
+    """The `tao sim run` metrics of a live run; ``busy_s``: the replicas' busy seconds during it."""
     requests, sessions = to_records(result)
-    out: dict[str, Any] = dict(summarize(requests, sessions, preemptions, 0.0))
+    out: dict[str, Any] = dict(summarize(requests, sessions, preemptions, 0.0, busy_s))
     out["errors"] = result.errors
     out["retries_503"] = sum(r.retries for s in result.sessions for r in s.requests)
     out["error_samples"] = sorted({r.error[:120] for s in result.sessions for r in s.requests if r.error})[:5]
@@ -62,8 +93,9 @@ def metrics_of(result: DriverResult, preemptions: int = 0) -> dict[str, Any]:
 
 
 async def measure(driver: TraceDriver, sessions: list[Session], replica_urls: list[str]) -> dict[str, Any]:
-    """Play ``sessions`` through ``driver``; the `tao sim run` metrics, with the preemptions the
-    replicas at ``replica_urls`` counted during the run."""
-    before = await scrape_preemptions(replica_urls)
+    """Play ``sessions`` through ``driver``; the `tao sim run` metrics, with the preemptions and
+    busy time the replicas at ``replica_urls`` counted during the run."""
+    before = await scrape_counters(replica_urls)
     result = await driver.run(sessions)
-    return metrics_of(result, await scrape_preemptions(replica_urls) - before)
+    delta = await scrape_counters(replica_urls) - before
+    return metrics_of(result, delta.preemptions, delta.busy_s)

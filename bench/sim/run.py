@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.sim.grid import GridPoint
+from sim.cluster.lower_bound import LowerBound, cached_lower_bound
+from sim.cluster.metrics import upgrade_metrics
 from sim.cluster.runner import run_policy
 from sim.cluster.simulator import SimConfig
 from sim.workload.generate import GenerateOptions, generate
@@ -56,6 +58,11 @@ def run_task(task: Task) -> dict[str, Any]:
     }
 
 
+def point_lower_bound(point: GridPoint, seed: int, max_turns: int | None) -> LowerBound:
+    """The no-contention lower bound of a configuration's trace (cached per trace and profile)."""
+    return cached_lower_bound(_trace(point.kind, point.sessions, seed, max_turns), point.profile)
+
+
 def load_checkpoint(path: Path | None) -> dict[tuple[str, str, int], dict[str, Any]]:
     """Results already recorded in a checkpoint (JSONL), keyed by (point, policy, sessions)."""
     done: dict[tuple[str, str, int], dict[str, Any]] = {}
@@ -64,6 +71,7 @@ def load_checkpoint(path: Path | None) -> dict[tuple[str, str, int], dict[str, A
     for line in path.read_text().splitlines():
         if line.strip():
             r = json.loads(line)
+            upgrade_metrics(r["metrics"])  # results written before the decode-throughput rename
             done[(r["point"], r["policy"], r["sessions"])] = r
     return done
 

@@ -10,7 +10,7 @@ from rich.table import Table
 from bench.sim.grid import ABLATIONS, OTHER_BASELINES, SYSTEM_BASELINES
 
 Metrics = Mapping[str, float]
-HEADLINE = ("mean_task_latency_s", "mean_ttft_s", "decode_tokens_per_s")
+HEADLINE = ("mean_task_latency_s", "mean_ttft_s", "decode_tok_s_makespan")
 LOWER = {"mean_task_latency_s", "mean_ttft_s", "mean_ttft_after_tool_s", "mean_pause_wait_s", "p90_task_latency_s"}
 
 
@@ -87,7 +87,7 @@ def _pct(v: float) -> str:
 def headline_table(points: Mapping[str, Mapping[str, Metrics]], summary: Mapping[str, Any]) -> Table:
     t = Table(title="TAO vs the best system baseline per metric (gain: + is better), and vs the oracle")
     for col in ("configuration", "TAO lat s", "best", "gain", "TAO TTFT s", "best", "gain",
-                "TAO dec tok/s", "best", "gain", "lat vs oracle"):
+                "TAO dec tok/s (makespan)", "best", "gain", "lat vs oracle"):
         t.add_column(col, justify="left" if col in ("configuration", "best") else "right")
     for key in points:
         s = summary["per_point"].get(key)
@@ -96,7 +96,7 @@ def headline_table(points: Mapping[str, Mapping[str, Metrics]], summary: Mapping
         row = [key]
         for m in HEADLINE:
             vb = s["vs_best"][m]
-            row += [f"{vb['tao']:.2f}" if m != "decode_tokens_per_s" else f"{vb['tao']:.0f}",
+            row += [f"{vb['tao']:.2f}" if m != "decode_tok_s_makespan" else f"{vb['tao']:.0f}",
                     vb["baseline"], _pct(vb["gain_pct"])]
         row.append(f"{s.get('latency_vs_oracle_pct', float('nan')):+.1f}%")
         t.add_row(*row)
@@ -123,16 +123,39 @@ def ablation_table(key: str, policies: Mapping[str, Metrics]) -> Table | None:
     if not any(a in policies for a in ABLATIONS):
         return None
     t = Table(title=f"Ablation at {key} (decode Δ vs full TAO)")
-    for col in ("variant", "decode tok/s", "Δ decode", "hit rate", "pause wait s", "TTFT after tool s",
-                "latency s"):
+    for col in ("variant", "decode tok/s makespan", "Δ decode", "decode tok/s busy", "hit rate", "pause wait s",
+                "TTFT after tool s", "latency s"):
         t.add_column(col, justify="left" if col == "variant" else "right")
-    base = float(policies["tao"]["decode_tokens_per_s"])
+    base = float(policies["tao"]["decode_tok_s_makespan"])
     for p in rows:
         m = policies[p]
-        d = float(m["decode_tokens_per_s"])
+        d = float(m["decode_tok_s_makespan"])
+        busy = m.get("decode_tok_s_busy")
         t.add_row(p, f"{d:.1f}", _pct(100.0 * (d - base) / base if base else 0.0),
+                  "n/a" if busy is None else f"{float(busy):.1f}",
                   f"{100 * float(m['prefix_hit_rate']):.2f}%", f"{float(m['mean_pause_wait_s']):.3f}",
                   f"{float(m['mean_ttft_after_tool_s']):.3f}", f"{float(m['mean_task_latency_s']):.1f}")
+    return t
+
+
+def lower_bound_table(points: Mapping[str, Mapping[str, Metrics]],
+                      bounds: Mapping[str, Mapping[str, float]]) -> Table:
+    """Mean task latency / the no-contention lower bound, every policy in every configuration."""
+    names: list[str] = []
+    for p in points.values():
+        names += [n for n in p if n not in names]
+    t = Table(title="mean task latency / no-contention lower bound (each session alone, cache never evicted)")
+    t.add_column("configuration")
+    t.add_column("bound s", justify="right")
+    for n in names:
+        t.add_column(n, justify="right")
+    for key, p in points.items():
+        b = bounds.get(key)
+        cells = []
+        for n in names:
+            r = p.get(n, {}).get("latency_over_lower_bound") if n in p else None
+            cells.append("—" if r is None else f"{float(r):.2f}")
+        t.add_row(key, "—" if b is None else f"{b['mean_task_latency_s']:.1f}", *cells)
     return t
 
 

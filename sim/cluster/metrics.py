@@ -5,7 +5,13 @@ Definitions (the same for the simulator and the live driver):
 - TTFT: from the moment the client sends the request (arrival, or the tool's return) to
   the first output token, so router hold time counts — what an agent harness observes;
   ``mean_ttft_after_tool_s`` restricts to requests that follow a tool (turn > 0);
-- decode throughput: all output tokens / (last end - first start);
+- decode throughput, two figures:
+  ``decode_tok_s_makespan`` = all output tokens / makespan (last end - first start): what the
+  cluster delivered over the run, idle gaps included;
+  ``decode_tok_s_busy`` = all output tokens / Σ over replicas of the seconds spent executing
+  engine steps (vLLM's generation throughput per busy engine-second); the simulator sums the
+  engine model's step durations, live runs the replicas' ``tao_vllm_sim_busy_seconds`` counter
+  (None when the replicas do not report it, e.g. real vLLM);
 - prefix hit rate: sum(cached_tokens) / sum(prompt_tokens) (vLLM's prefix_cache_hits/queries);
 - pause wait: for requests whose session was paused (admitted before, not admitted when the
   request became ready), the time held at the router before being forwarded; averaged over
@@ -18,13 +24,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 METRIC_KEYS: tuple[str, ...] = (
     "mean_task_latency_s",
     "p90_task_latency_s",
     "mean_ttft_s",
     "mean_ttft_after_tool_s",
-    "decode_tokens_per_s",
+    "decode_tok_s_makespan",
+    "decode_tok_s_busy",
     "prefix_hit_rate",
     "mean_pause_wait_s",
     "preemptions",
@@ -38,8 +46,10 @@ BETTER: dict[str, str] = {
     "p90_task_latency_s": "lower",
     "mean_ttft_s": "lower",
     "mean_ttft_after_tool_s": "lower",
-    "decode_tokens_per_s": "higher",
+    "decode_tok_s_makespan": "higher",
+    "decode_tok_s_busy": "higher",
     "prefix_hit_rate": "higher",
+    "latency_over_lower_bound": "lower",
     "mean_pause_wait_s": "lower",
     "preemptions": "lower",
 }
@@ -88,8 +98,10 @@ def summarize(
     sessions: Sequence[SessionRecord],
     preemptions: int,
     planner_wall_s: float,
-) -> dict[str, float | int]:
-    """The per-policy metrics dict (exactly ``METRIC_KEYS``)."""
+    busy_s: float | None = None,
+) -> dict[str, float | int | None]:
+    """The per-policy metrics dict (exactly ``METRIC_KEYS``); ``busy_s``: seconds the replicas
+    spent executing steps, summed (None: unknown, ``decode_tok_s_busy`` is None)."""
     latencies = [s.end_s - s.start_s for s in sessions]
     ttfts = [r.first_token_s - r.ready_s for r in requests]
     ttfts_tool = [r.first_token_s - r.ready_s for r in requests if r.turn > 0]
@@ -106,13 +118,28 @@ def summarize(
         "p90_task_latency_s": percentile(latencies, 90),
         "mean_ttft_s": _mean(ttfts),
         "mean_ttft_after_tool_s": _mean(ttfts_tool),
-        "decode_tokens_per_s": output / makespan if makespan > 0 else 0.0,
+        "decode_tok_s_makespan": output / makespan if makespan > 0 else 0.0,
+        "decode_tok_s_busy": None if busy_s is None else (output / busy_s if busy_s > 0 else 0.0),
         "prefix_hit_rate": cached / prompt if prompt else 0.0,
         "mean_pause_wait_s": _mean(waits),
         "preemptions": int(preemptions),
         "planner_time_share": planner_wall_s / makespan if makespan > 0 else 0.0,
         "completed_sessions": len(sessions),
     }
+
+
+LEGACY_KEYS: dict[str, str] = {"decode_tokens_per_s": "decode_tok_s_makespan"}
+"""Old metric names -> current ones (results files written before the rename)."""
+
+
+def upgrade_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A metrics dict read from an older file, with current key names (in place, returned):
+    ``decode_tokens_per_s`` was output tokens / makespan; the busy figure is then unknown."""
+    for old, new in LEGACY_KEYS.items():
+        if old in metrics and new not in metrics:
+            metrics[new] = metrics.pop(old)
+    metrics.setdefault("decode_tok_s_busy", None)
+    return metrics
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,7 @@ def write_plots(
     plt.close(fig)
 
     for fname, attr, ylabel in (
-        ("throughput.png", "decode_tokens_per_s", "decode tokens/s"),
+        ("throughput.png", "decode_tokens_per_s", "decode tokens/s (output tokens per bin)"),
         ("hit_rate.png", "prefix_hit_rate", "prefix hit rate"),
     ):
         fig, ax = plt.subplots(figsize=(7, 4.5))

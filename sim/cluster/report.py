@@ -12,23 +12,29 @@ from sim.cluster.metrics import BETTER, METRIC_KEYS
 BASELINES: tuple[str, ...] = ("round_robin", "least_loaded", "cache_aware", "thunderagent", "sjf")
 """Policies that are comparison points (not TAO or its ablations / the oracle)."""
 
-Metrics = Mapping[str, float | int]
+Metrics = Mapping[str, float | int | None]
 
 SHORT: dict[str, str] = {
     "mean_task_latency_s": "latency s",
     "p90_task_latency_s": "p90 lat s",
     "mean_ttft_s": "TTFT s",
     "mean_ttft_after_tool_s": "TTFT tool s",
-    "decode_tokens_per_s": "decode tok/s",
+    "decode_tok_s_makespan": "decode tok/s makespan",
+    "decode_tok_s_busy": "decode tok/s busy",
     "prefix_hit_rate": "hit rate",
     "mean_pause_wait_s": "pause wait s",
     "preemptions": "preempt",
     "planner_time_share": "planner",
     "completed_sessions": "done",
+    "latency_over_lower_bound": "lat / LB",
 }
 
+TABLE_KEYS: tuple[str, ...] = (*METRIC_KEYS, "latency_over_lower_bound")
+"""Columns of the per-policy table: the metrics, then mean latency / no-contention lower bound
+(when the results carry it)."""
+
 _DELTA_KEYS = ("mean_task_latency_s", "p90_task_latency_s", "mean_ttft_s", "mean_ttft_after_tool_s",
-               "decode_tokens_per_s", "prefix_hit_rate")
+               "decode_tok_s_makespan", "decode_tok_s_busy", "prefix_hit_rate")
 
 
 def pct_delta(value: float, base: float) -> float | None:
@@ -46,25 +52,30 @@ def improvement_pct(key: str, value: float, base: float) -> float | None:
     return -d if BETTER.get(key) == "lower" else d
 
 
-def _fmt(key: str, v: float | int) -> str:
+def _fmt(key: str, v: float | int | None) -> str:
+    if v is None:
+        return "n/a"
     if key in ("preemptions", "completed_sessions"):
         return f"{int(v)}"
     if key == "prefix_hit_rate":
         return f"{100 * float(v):.2f}%"
     if key == "planner_time_share":
         return f"{100 * float(v):.3f}%"
-    if key == "decode_tokens_per_s":
+    if key in ("decode_tok_s_makespan", "decode_tok_s_busy"):
         return f"{float(v):.1f}"
+    if key == "latency_over_lower_bound":
+        return f"{float(v):.2f}x"
     return f"{float(v):.3f}"
 
 
 def metrics_table(policies: Mapping[str, Metrics], title: str = "per-policy metrics") -> Table:
     t = Table(title=title)
     t.add_column("policy")
-    for key in METRIC_KEYS:
+    keys = [k for k in TABLE_KEYS if any(k in m for m in policies.values())]
+    for key in keys:
         t.add_column(SHORT[key], justify="right")
     for name, m in policies.items():
-        t.add_row(name, *(_fmt(k, m[k]) for k in METRIC_KEYS))
+        t.add_row(name, *(_fmt(k, m.get(k)) for k in keys))
     return t
 
 
@@ -90,7 +101,11 @@ def delta_table(policies: Mapping[str, Metrics]) -> Table | None:
     for p, b in pairs:
         cells = []
         for key in _DELTA_KEYS:
-            v, base = float(policies[p][key]), float(policies[b][key])
+            raw, raw_base = policies[p].get(key), policies[b].get(key)
+            if raw is None or raw_base is None:
+                cells.append("n/a")
+                continue
+            v, base = float(raw), float(raw_base)
             if key == "prefix_hit_rate":
                 cells.append(f"{100 * (v - base):+.2f}pp")
                 continue
@@ -105,9 +120,17 @@ def delta_table(policies: Mapping[str, Metrics]) -> Table | None:
     return t
 
 
-def print_report(policies: Mapping[str, Metrics], console: Console | None = None) -> None:
+def print_report(policies: Mapping[str, Metrics], console: Console | None = None,
+                 lower_bound: Mapping[str, float | int] | None = None) -> None:
     console = console or Console()
     console.print(metrics_table(policies))
+    if lower_bound:
+        console.print(
+            f"no-contention lower bound (each session alone on one replica, cache never evicted, tools at "
+            f"trace duration): mean {float(lower_bound['mean_task_latency_s']):.1f} s, "
+            f"p90 {float(lower_bound['p90_task_latency_s']):.1f} s "
+            f"(LLM {float(lower_bound['mean_llm_s']):.1f} s + tools {float(lower_bound['mean_tool_s']):.1f} s); "
+            "lat / LB = mean latency / mean lower bound")
     dt = delta_table(policies)
     if dt is not None:
         console.print(dt)

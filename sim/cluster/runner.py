@@ -11,6 +11,7 @@ from typing import Any
 
 from services.planner.core.registry import make_policy
 from sim.cluster import oracle as _oracle  # noqa: F401  (registers "oracle")
+from sim.cluster.lower_bound import LowerBound, cached_lower_bound
 from sim.cluster.metrics import summarize
 from sim.cluster.simulator import ClusterSim, RunResult, SimConfig
 from sim.engine import Engine, Profile, get_profile
@@ -20,7 +21,7 @@ from sim.workload.trace import Session
 @dataclass(slots=True)
 class PolicyOutcome:
     name: str
-    metrics: dict[str, float | int]
+    metrics: dict[str, Any]
     run: RunResult
     wall_s: float
     cpu_s: float  # process CPU time: comparable across loaded and idle machines
@@ -33,8 +34,14 @@ def run_policy(sessions: Sequence[Session], name: str, cfg: SimConfig,
     t0, c0 = time.perf_counter(), time.process_time()
     run = ClusterSim(sessions, policy, cfg, profile=profile).run()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    metrics = summarize(run.requests, run.sessions, run.preemptions, run.planner_wall_s)
+    metrics = summarize(run.requests, run.sessions, run.preemptions, run.planner_wall_s, run.busy_s)
     return PolicyOutcome(name, metrics, run, wall, cpu)
+
+
+def lower_bound_ratio(metrics: dict[str, Any], run: RunResult, bound: LowerBound) -> float:
+    """Mean task latency / mean no-contention lower bound, over the sessions that completed."""
+    lb = bound.mean_of([s.session_id for s in run.sessions])
+    return float(metrics["mean_task_latency_s"]) / lb if lb > 0 else 0.0
 
 
 def machine() -> dict[str, Any]:
@@ -48,14 +55,21 @@ def compare(
     trace_name: str = "",
     progress: Callable[[PolicyOutcome], None] | None = None,
 ) -> tuple[dict[str, Any], list[PolicyOutcome]]:
-    """Run every policy; return the JSON document and the outcomes (for tables and plots)."""
+    """Run every policy; return the JSON document and the outcomes (for tables and plots).
+    Every policy's metrics carry ``latency_over_lower_bound`` (mean task latency / the
+    no-contention lower bound, ``sim.cluster.lower_bound``); the bound is in ``lower_bound``."""
+    profile = get_profile(cfg.profile)
+    t0 = time.perf_counter()
+    bound = cached_lower_bound(sessions, profile)
+    bound_wall = time.perf_counter() - t0
     outcomes = []
     for name in policies:
         out = run_policy(sessions, name, cfg)
+        out.metrics["latency_over_lower_bound"] = lower_bound_ratio(out.metrics, out.run, bound)
         outcomes.append(out)
         if progress is not None:
             progress(out)
-    eng = Engine(get_profile(cfg.profile), num_gpu_blocks=cfg.num_gpu_blocks)
+    eng = Engine(profile, num_gpu_blocks=cfg.num_gpu_blocks)
     config: dict[str, Any] = {
         "trace": trace_name,
         "sessions": len(sessions),
@@ -69,7 +83,8 @@ def compare(
         "sim_end_s": {o.name: round(o.run.sim_end_s, 3) for o in outcomes},
         "plans": {o.name: o.run.plans for o in outcomes},
         "incomplete": {o.name: o.run.incomplete for o in outcomes if o.run.incomplete},
+        "lower_bound_wall_s": round(bound_wall, 3),
         "machine": machine(),
     }
-    doc = {"config": config, "policies": {o.name: o.metrics for o in outcomes}}
+    doc = {"config": config, "lower_bound": bound.to_json(), "policies": {o.name: o.metrics for o in outcomes}}
     return doc, outcomes

@@ -132,6 +132,7 @@ class ClusterSim:
     """One policy on one trace. ``run()`` once."""
 
     def __init__(self, sessions: Sequence[Session], policy: Policy, config: SimConfig,
+    busy_s: float = 0.0  # seconds the replicas spent executing engine steps, summed
                  uses_ground_truth: bool = False, profile: Profile | None = None) -> None:
         """``profile`` overrides ``config.profile`` (a profile object not in the engine registry);
         ``uses_ground_truth`` (or the policy's attribute of that name) gives the planner perfect
@@ -233,6 +234,7 @@ class ClusterSim:
             self.core.upsert_replica(Replica(
                 id=r.id, url=f"sim://{r.id}", kv_capacity_tokens=eng.num_gpu_blocks * eng.block_size,
                 healthy=True, running=eng.num_running, waiting=eng.num_waiting,
+            busy_s=sum(r.engine.busy_time_s for r in self.replicas),
                 kv_cache_usage=eng.kv_cache_usage, prefix_hit_rate=min(1.0, r.hit_rate),
                 reports_cached_tokens=True,
             ), now)

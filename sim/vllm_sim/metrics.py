@@ -6,8 +6,10 @@ prometheus_client adds. Engine-state gauges and engine counters are read at scra
 custom collector, so a scrape always sees the engine's current state.
 
 ``vllm:cache_config_info`` carries ``block_size`` and ``num_gpu_blocks``: KV capacity in tokens is
-their product. Extra, non-vLLM gauges (``tao_vllm_sim_*``): model time since start, and how far
-model time trails scaled wall time now and at worst (the emulator falling behind its model).
+their product. Extra, non-vLLM series (``tao_vllm_sim_*``): model time since start, how far
+model time trails scaled wall time now and at worst (the emulator falling behind its model), and
+the counter ``tao_vllm_sim_busy_seconds_total`` of model seconds spent executing engine steps
+(output tokens / busy seconds = decode tokens per busy engine-second).
 """
 
 from __future__ import annotations
@@ -71,6 +73,10 @@ class _EngineCollector(Collector):
                             e.num_preemptions_total)
         yield self._counter("vllm:generation_tokens", "Number of generation tokens processed.",
                             e.generation_tokens_total)
+        # Not a vLLM metric: model seconds the engine spent executing steps (the denominator of
+        # vLLM's generation throughput per busy engine-second; idle time is not counted).
+        yield self._counter("tao_vllm_sim_busy_seconds",
+                            "Model seconds the engine spent executing steps (busy time).", e.busy_time_s)
         model_s, lag_s, max_lag_s = self._clock()
         yield self._gauge("tao_vllm_sim_model_time_seconds", "Model (simulated) time since start.", model_s)
         yield self._gauge("tao_vllm_sim_lag_seconds",

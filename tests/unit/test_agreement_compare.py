@@ -18,7 +18,7 @@ def test_relative_gap() -> None:
 def test_ranking_respects_metric_direction() -> None:
     lat = {"a": 3.0, "b": 1.0, "c": 2.0}
     assert ranking(lat, "mean_task_latency_s") == ["b", "c", "a"]
-    assert ranking(lat, "decode_tokens_per_s") == ["a", "c", "b"]
+    assert ranking(lat, "decode_tok_s_makespan") == ["a", "c", "b"]
     assert ranking({"b": 1.0, "a": 1.0}, "mean_ttft_s") == ["a", "b"]  # ties by name
 
 
@@ -38,7 +38,7 @@ def test_kendall_tau_symmetric_and_bounded(a: list[str], b: list[str]) -> None:
 
 
 def test_agree_reports_discordant_pairs_with_both_gaps() -> None:
-    base = {"mean_task_latency_s": 100.0, "mean_ttft_s": 1.0, "decode_tokens_per_s": 50.0,
+    base = {"mean_task_latency_s": 100.0, "mean_ttft_s": 1.0, "decode_tok_s_makespan": 50.0,
             "p90_task_latency_s": 200.0, "mean_ttft_after_tool_s": 1.0, "prefix_hit_rate": 0.9}
     sim = {"tao": dict(base, mean_task_latency_s=90.0), "rr": dict(base)}
     live = {"tao": dict(base, mean_task_latency_s=105.0), "rr": dict(base, mean_task_latency_s=100.0),
@@ -62,7 +62,7 @@ def test_repeated_live_runs_average_and_mark_discords_within_noise() -> None:
     assert mean_metrics(runs)["note"] == "a"
     assert spread_pct(runs, "mean_task_latency_s") == pytest.approx(100.0 * 10 / 105)
     assert spread_pct(runs[:1], "mean_task_latency_s") == 0.0
-    base = {"mean_task_latency_s": 100.0, "mean_ttft_s": 1.0, "decode_tokens_per_s": 50.0,
+    base = {"mean_task_latency_s": 100.0, "mean_ttft_s": 1.0, "decode_tok_s_makespan": 50.0,
             "p90_task_latency_s": 200.0, "mean_ttft_after_tool_s": 1.0, "prefix_hit_rate": 0.9}
     sim = {"tao": dict(base, mean_task_latency_s=90.0), "rr": dict(base)}
     live = {"tao": dict(base, mean_task_latency_s=102.0), "rr": dict(base)}  # tao 2 % worse live
