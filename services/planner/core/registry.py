@@ -14,6 +14,7 @@ runs every registered name through the same invariants.
 | tao-ta-pause     | yes   | as tao                                       | ThunderAgent's pause order (smallest first)      | seed 000 ablation |
 | sjf              | yes   | footprint (credit only to pick the replica)  | shortest footprint first, TAO pauses             | seed 000 comparison |
 | thunderagent     | yes   | program tokens (acting weighted), buffers    | tick every 5 s: resume reasoning→new→acting, BFD onto the roomiest replica; pause smallest acting first, mark reasoning | ThunderAgent scheduler/router.py |
+| continuum        | yes   | program arrival, tool-return prediction, context tokens | program-level FCFS with head-of-line blocking; pin each tool call's KV for TTL τ* = argmax P(τ)·(T·η + prefill) − τ, unpin on expiry or (latest arrival first) when the queue head does not fit | arXiv 2511.02230 §4, Hanchenli/vllm-continuum |
 | round_robin      | no    | replica health                               | every held request to the next replica          | vLLM production-stack / Dynamo round-robin |
 | least_loaded     | no    | running + waiting requests                   | every held request to the least loaded replica  | common load-balancing baseline |
 | cache_aware      | no    | best cache evidence per replica, active KV blocks | lowest 1.0·prefill blocks + decode blocks      | NVIDIA Dynamo KV router docs |
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from services.planner.core.continuum import ContinuumPolicy
 from services.planner.core.policy import Policy
 from services.planner.core.routers import CacheAwarePolicy, LeastLoadedPolicy, RoundRobinPolicy
 from services.planner.core.tao import TaoConfig, TaoPolicy
@@ -45,6 +47,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "least_loaded": LeastLoadedPolicy,
     "cache_aware": CacheAwarePolicy,
     "thunderagent": ThunderAgentPolicy,
+    "continuum": ContinuumPolicy,
 }
 
 
