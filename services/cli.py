@@ -1,6 +1,6 @@
 """The `tao` console script.
 
-Command names are a public contract (DESIGN §5). Each command lives in its own module
+Command names are a public contract (docs/architecture.md#command-names). Each command lives in its own module
 exposing ``add_arguments(parser)`` and ``run(args) -> int``; the module is imported only
 when its command runs, so `tao health` does not pay for matplotlib and a broken optional
 command cannot break the others.

@@ -1,4 +1,5 @@
-"""`tao planner solve --snapshot F [--policy NAME]`: solve one DESIGN §5 snapshot, print the plan JSON.
+"""`tao planner solve --snapshot F [--policy NAME]`: solve one snapshot, print the plan JSON
+(formats: docs/architecture.md#snapshot-and-plan-json).
 
 Exit codes: 0 solved; 2 bad input (unreadable file, invalid JSON, invalid snapshot, unknown
 policy) with one line on stderr naming the problem. Nothing is published anywhere.
@@ -19,7 +20,7 @@ from services.planner.timing import timed_plan
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--snapshot", required=True, metavar="FILE",
-                        help="snapshot JSON (DESIGN §5); '-' reads standard input")
+                        help="snapshot JSON (docs/architecture.md#snapshot-and-plan-json); '-' reads standard input")
     parser.add_argument("--policy", default="tao",
                         help=f"registered policy (default tao): {', '.join(sorted(POLICIES))}")
     parser.add_argument("--explain", metavar="SESSION", action="append", default=[],

@@ -12,7 +12,7 @@ local fallback takes over once plans go stale); publish failing -> the plan is k
 and still goes to watchers; the pool subscription re-subscribes after a Redis restart.
 ``SolveSnapshot`` solves a given snapshot with a fresh policy instance and publishes nothing.
 
-Time: ``clock.unix()`` (model Unix seconds, CONTRACTS E) stamps snapshots and records,
+Time: ``clock.unix()`` (model Unix seconds, docs/architecture.md#model-time) stamps snapshots and records,
 ``clock.now()`` paces rounds and ``clock.wall_seconds`` converts model seconds for sleeps.
 """
 

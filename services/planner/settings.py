@@ -1,6 +1,6 @@
 """Planner service settings (env prefix ``TAO_PLANNER_``; flags of ``tao serve planner`` override).
 
-Times are model seconds (``ServiceSettings.time_scale``, CONTRACTS E).
+Times are model seconds (``ServiceSettings.time_scale``, docs/architecture.md#model-time).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ class Settings(ServiceSettings):
     debounce_s: float = Field(default=0.05, ge=0.0, le=60.0,
                               description="after a pool change, wait this long for more before planning")
     ready_horizon_s: float = Field(default=1.0, ge=0.0, le=60.0,
-                                   description="DESIGN §4: ready when the predicted return is this close")
+                                   description="ready when the predicted return is this close (docs/algorithms.md#readiness)")
     prediction_fresh_s: float = Field(default=30.0, gt=0.0, le=3600.0,
-                                      description="DESIGN §4: only predictions refreshed this recently count")
+                                      description="only predictions refreshed this recently count (docs/algorithms.md#readiness)")
     use_tenant_headroom: bool = Field(default=True,
                                       description="cap new admissions per tenant at budget cap minus in flight")
     watch_queue_size: int = Field(default=64, ge=1, le=10_000, description="plans buffered per slow watcher")

@@ -92,7 +92,8 @@ class SnapshotSource:
                 allocation = load(AllocationRecord, raw_alloc)
             except RecordError:
                 skipped += 1
-            # The last caps hold while the budget service is away (DESIGN §8); a record of an
+            # The last caps hold while the budget service is away
+            # (docs/architecture.md#failure-modes-and-degraded-behaviour); a record of an
             # older budget epoch than the live one is superseded and ignored.
             if allocation is not None and budget_epoch is not None and allocation.epoch != budget_epoch:
                 allocation = None

@@ -1,7 +1,8 @@
 """TAO planner core: pure (no I/O, no wall clock), deterministic, exact integer values.
 
-Public API (contract A): the model (``Snapshot`` -> ``Plan``), the ``Policy`` protocol and
-the registry (``POLICIES``, ``make_policy``). See DESIGN §4 and each module's docstring.
+Public API (docs/architecture.md#planner-core-api): the model (``Snapshot`` -> ``Plan``),
+the ``Policy`` protocol and the registry (``POLICIES``, ``make_policy``). See
+docs/algorithms.md and each module's docstring.
 """
 
 from services.planner.core.model import (

@@ -1,11 +1,12 @@
-"""Exact capacity-state dynamic program for selection + placement (DESIGN §4).
+"""Exact capacity-state dynamic program for selection + placement
+(docs/algorithms.md#capacity-state-dp).
 
 Problem (an ``Instance``): pool sessions i (rows) and replicas j (columns) with value
 triples v(i, j), footprints f(i) and free capacities F(j) in tokens. Choose for every session
 "skip" or one replica it is eligible for so that every replica's quantised capacity holds,
 maximising (Σk, Σr, Σf) lexicographically.
 
-Discretisation (DESIGN §4). Replica j has a unit of u_j tokens: it holds U_j = floor(F_j / u_j)
+Discretisation. Replica j has a unit of u_j tokens: it holds U_j = floor(F_j / u_j)
 units and session i costs c_ij = ceil(f_i / u_j) there. A resolution R gives the largest
 replica about R units and replica j about R·(F_j/F_max)² (see ``_quantise``); a replica whose
 eligible sessions all fit together is unconstrained (u_j = 0: no state, no cost). A quantised plan is always

@@ -1,9 +1,11 @@
-"""Planner inputs and outputs (contract A): frozen dataclasses with exact integer tokens.
+"""Planner inputs and outputs: frozen dataclasses with exact integer tokens
+(docs/architecture.md#planner-core-api).
 
 A ``Snapshot`` is everything one planning round sees, frozen at ``now_s``; a ``Plan`` is what
-a policy decides for it. ``Snapshot.from_json`` / ``to_json`` read and write the DESIGN §5
-snapshot JSON; ``from_json`` validates everything and raises ``SnapshotError`` with the path
-of the first offending field, so a bad snapshot changes nothing downstream.
+a policy decides for it. ``Snapshot.from_json`` / ``to_json`` read and write the snapshot
+JSON (docs/architecture.md#snapshot-and-plan-json); ``from_json`` validates everything and
+raises ``SnapshotError`` with the path of the first offending field, so a bad snapshot
+changes nothing downstream.
 
 Invariants checked by ``Snapshot.validate`` (and therefore by ``from_json``):
 - replica and session ids are non-empty and unique;
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 PHASES = ("WAITING", "RUNNING", "ACTING", "PAUSED", "ENDED")
-# DESIGN §4 evidence hierarchy, strongest first.
+# Cache-credit evidence, strongest first (docs/algorithms.md#cache-credit).
 EVIDENCE_KINDS = ("kv_events", "cached_tokens", "volume")
 
 
@@ -36,7 +38,8 @@ class CreditEvidence:
     """Evidence that ``tokens`` of a session's context were resident on ``replica``.
 
     For ``kind == "volume"`` ``tokens`` is the token volume processed for the session on the
-    replica; the planner multiplies it by the replica's ``prefix_hit_rate`` (DESIGN §4 (3)).
+    replica; the planner multiplies it by the replica's ``prefix_hit_rate``
+    (docs/algorithms.md#cache-credit, level 3).
     For the other kinds ``tokens`` is k0 itself.
     """
 
@@ -151,7 +154,7 @@ class Snapshot:
 
     @classmethod
     def from_json(cls, data: Any) -> Snapshot:
-        """Parse and validate DESIGN §5 snapshot JSON (a decoded ``dict``); extra fields are ignored."""
+        """Parse and validate snapshot JSON (a decoded ``dict``); extra fields are ignored."""
         obj = _mapping("snapshot", data)
         now_s = _number("now_s", _req(obj, "now_s", "snapshot"))
         replicas = tuple(
@@ -171,7 +174,7 @@ class Snapshot:
         return snap
 
     def to_json(self) -> dict[str, Any]:
-        """DESIGN §5 JSON, with every optional field written out (round-trips through ``from_json``)."""
+        """Snapshot JSON, with every optional field written out (round-trips through ``from_json``)."""
         out: dict[str, Any] = {
             "now_s": self.now_s,
             "replicas": [
@@ -251,7 +254,7 @@ class Plan:
     unit_tokens: int = 0  # the DP's quantisation unit u (0 when no DP ran)
 
     def to_json(self) -> dict[str, Any]:
-        """DESIGN §5 plan JSON plus the optional diagnostics."""
+        """Plan JSON (docs/architecture.md#snapshot-and-plan-json) plus the optional diagnostics."""
         return {
             "revision": self.revision,
             "policy": self.policy,

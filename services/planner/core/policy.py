@@ -1,6 +1,7 @@
 """The Policy protocol and what every policy shares: the pool, tenant headroom, pauses, timing.
 
-A policy turns a ``Snapshot`` into a ``Plan``. Two kinds (contract A):
+A policy turns a ``Snapshot`` into a ``Plan``. Two kinds
+(docs/architecture.md#planner-core-api):
 - admission-gating (``gates_admission``): admits pool sessions onto replicas within free
   capacity and pauses admitted ones when a replica is over capacity. Invariant: on every
   healthy replica the footprints it newly admits fit in capacity − used + footprints of the
@@ -105,7 +106,8 @@ class PauseResult:
 
 
 def plan_pauses(snapshot: Snapshot, order: str, values: ValueConfig = FULL_VALUES) -> PauseResult:
-    """Pause admitted sessions on over-capacity healthy replicas (DESIGN §4).
+    """Pause admitted sessions on over-capacity healthy replicas
+    (docs/algorithms.md#pause-policy).
 
     ACTING sessions are paused first, until used − freed ≤ capacity; if that is not enough,
     RUNNING (and admitted WAITING) ones are marked to pause when their request ends, counted

@@ -1,4 +1,5 @@
-"""The policy registry: config string -> zero-argument factory (contract A).
+"""The policy registry: config string -> zero-argument factory
+(docs/architecture.md#planner-core-api; each policy and its source: docs/algorithms.md).
 
 Every factory returns a fresh policy instance (policies with history — round_robin's cursor,
 ThunderAgent's tick clock and queue — keep it per instance). Other packages register more
@@ -7,12 +8,12 @@ runs every registered name through the same invariants.
 
 | name             | gates | sees                                        | decides                                          | source |
 |------------------|-------|---------------------------------------------|--------------------------------------------------|--------|
-| tao              | yes   | decayed credit (h = 10 s), readiness, footprint, free capacity | pauses by ascending value; admission+placement by the capacity-state DP (lexicographic Σk, Σr, Σf) | DESIGN §4, seed 000 |
-| tao-no-decay     | yes   | as tao, credit k = k0                        | as tao                                           | seed 000 ablation |
-| tao-no-readiness | yes   | as tao, r = 0                                | as tao                                           | seed 000 ablation |
-| tao-bfd          | yes   | as tao                                       | best-fit-decreasing by value instead of the DP   | seed 000 ablation |
-| tao-ta-pause     | yes   | as tao                                       | ThunderAgent's pause order (smallest first)      | seed 000 ablation |
-| sjf              | yes   | footprint (credit only to pick the replica)  | shortest footprint first, TAO pauses             | seed 000 comparison |
+| tao              | yes   | decayed credit (h = 10 s), readiness, footprint, free capacity | pauses by ascending value; admission+placement by the capacity-state DP (lexicographic Σk, Σr, Σf) | the TAO paper |
+| tao-no-decay     | yes   | as tao, credit k = k0                        | as tao                                           | TAO paper ablation |
+| tao-no-readiness | yes   | as tao, r = 0                                | as tao                                           | TAO paper ablation |
+| tao-bfd          | yes   | as tao                                       | best-fit-decreasing by value instead of the DP   | TAO paper ablation |
+| tao-ta-pause     | yes   | as tao                                       | ThunderAgent's pause order (smallest first)      | TAO paper ablation |
+| sjf              | yes   | footprint (credit only to pick the replica)  | shortest footprint first, TAO pauses             | TAO paper's DP comparison |
 | thunderagent     | yes   | program tokens (acting weighted), buffers    | tick every 5 s: resume reasoning→new→acting, BFD onto the roomiest replica; pause smallest acting first, mark reasoning | ThunderAgent scheduler/router.py |
 | continuum        | yes   | program arrival, tool-return prediction, context tokens | program-level FCFS with head-of-line blocking; pin each tool call's KV for TTL τ* = argmax P(τ)·(T·η + prefill) − τ, unpin on expiry or (latest arrival first) when the queue head does not fit | arXiv 2511.02230 §4, Hanchenli/vllm-continuum |
 | round_robin      | no    | replica health                               | every held request to the next replica          | vLLM production-stack / Dynamo round-robin |

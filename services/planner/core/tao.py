@@ -1,6 +1,6 @@
 """TAO's policy, its ablations, and the shortest-job-first baseline (all admission-gating).
 
-TAO (DESIGN §4): fold credit/readiness/footprint into the value matrix, pause on
+TAO (docs/algorithms.md): fold credit/readiness/footprint into the value matrix, pause on
 over-capacity replicas in ascending value order, then solve selection + placement of the
 pool with the capacity-state DP: at token resolution over reachable states when the pool
 is small (sparse.py, exact for the real problem), else quantised (dp.py, exact for the
@@ -11,7 +11,7 @@ token, the pool sessions left out are offered, in BFD order, to the exact leftov
 was feasible before discretisation and excluded by it, and their number is reported as
 ``Plan.excluded_by_rounding``.
 
-Ablations (seed 000 component analysis), each changes one thing:
+Ablations (the TAO paper's component analysis), each changes one thing:
 - ``tao-no-decay``: k = k0, no 2^(−τ/h) decay;
 - ``tao-no-readiness``: r = 0 for every session (credit, then footprint);
 - ``tao-bfd``: best-fit-decreasing instead of the DP — sessions by their best value triple
@@ -29,7 +29,7 @@ per-replica knapsacks (1,024 units per replica) usually beat the quantised DP (a
 units per replica with four replicas). The knapsack+bfd fallback for large instances is not
 guarded; it reports its upper bound instead.
 
-``sjf`` (the seed's shortest-job-first comparison): sessions by footprint ascending, each
+``sjf`` (the TAO paper's shortest-job-first comparison): sessions by footprint ascending, each
 placed like BFD; pauses like TAO.
 """
 

@@ -1,7 +1,9 @@
-"""The value triple v(s, n) = (k(s, n), r(s), f(s)) in exact integers (DESIGN §4).
+"""The value triple v(s, n) = (k(s, n), r(s), f(s)) in exact integers
+(docs/algorithms.md#value-triple).
 
 Cache credit k(s, n) = floor(k0(s, n) · 2^(−τ/h)), h = 10 s, τ = max(0, now − observed_at).
-k0 comes from the best evidence the session has on replica n, in the DESIGN §4 order:
+k0 comes from the best evidence the session has on replica n, strongest first
+(docs/algorithms.md#cache-credit):
 (1) ``kv_events``, (2) ``cached_tokens``, (3) ``volume`` × the replica's observed prefix hit
 rate; within one kind the newest observation wins (then the larger one). No evidence → 0.
 The fold is one pass over the evidence, O(n·m) at most, and the decay is vectorised.
@@ -22,7 +24,7 @@ import numpy.typing as npt
 
 from services.planner.core.model import EVIDENCE_KINDS, Objective, ReplicaState, SessionState
 
-HALF_LIFE_S = 10.0  # DESIGN §4 / seed 000: k = k0 · 2^(−τ/h), h = 10 s
+HALF_LIFE_S = 10.0  # the TAO paper: k = k0 · 2^(−τ/h), h = 10 s (docs/algorithms.md#cache-credit)
 EVIDENCE_RANK = {kind: rank for rank, kind in enumerate(EVIDENCE_KINDS)}
 
 IntArray = npt.NDArray[np.int64]
