@@ -1,4 +1,4 @@
-"""Writer epochs and revisions (DESIGN §5).
+"""Writer epochs and revisions (docs/architecture.md#epoch-and-revision-fencing).
 
 A writer picks a random epoch at start-up and numbers what it publishes 1, 2, 3, ... in
 process memory, so revisions keep increasing across a Redis wipe. Every publish also

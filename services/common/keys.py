@@ -1,8 +1,8 @@
 """The Redis key schema: every key and channel TAO uses, and who writes it.
 
-One writer per family (DESIGN §2, §5). A service may add keys only under its own
-prefix ``tao:<service>:``; values are JSON records from ``services.common.records``
-that carry the writer's epoch and revision.
+One writer per family (docs/architecture.md#one-writer-per-key-family). A service may add
+keys only under its own prefix ``tao:<service>:``; values are JSON records from
+``services.common.records`` that carry the writer's epoch and revision.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ class CacheObservation(BaseModel):
 
 
 class SessionRecord(Record):
-    """Router-owned state of one agent session (DESIGN §3)."""
+    """Router-owned state of one agent session (docs/architecture.md#session-model)."""
 
     session_id: str
     tenant: str

@@ -1,8 +1,9 @@
 """``tao predictor replay --events F [--json]``: replay a tool-event log, print accuracy.
 
-The log is DESIGN §5 tool-event JSONL. It goes through the same predictor core the service
-runs, on a virtual clock (definitions of every figure: ``services/predictor/replay.py``).
-Generate a log with ``python -m services.predictor.synthetic --sessions 400 -o events.jsonl``.
+The log is tool-event JSONL (docs/architecture.md#tool-events). It goes through the same
+predictor core the service runs, on a virtual clock (definitions of every figure:
+``services/predictor/replay.py``). Generate a log with
+``python -m services.predictor.synthetic --sessions 400 -o events.jsonl``.
 """
 
 from __future__ import annotations

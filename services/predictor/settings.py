@@ -17,7 +17,7 @@ class Settings(ServiceSettings):
     )
     service_name: ClassVar[str] = "predictor"
 
-    # --- readiness model (DESIGN §4)
+    # --- readiness model (docs/algorithms.md#readiness)
     horizon_s: float = Field(default=1.0, gt=0, le=60, description="ready when completion is within this")
     stale_after_s: float = Field(default=30.0, gt=0, le=3600, description="predictions older than this do not count")
     default_duration_s: float = Field(default=5.0, gt=0, le=3600, description="Ê when nothing is known")

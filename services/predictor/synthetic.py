@@ -1,4 +1,5 @@
-"""Synthetic SWE-agent-like tool logs (DESIGN §5 tool events), for tests and benchmarks.
+"""Synthetic SWE-agent-like tool logs (tool events, docs/architecture.md#tool-events), for
+tests and benchmarks.
 
 The generator draws *what actually happens* (durations, progress) from latent per-repo and
 per-task parameters, and emits only what a tool runner could know at each moment: the
@@ -132,7 +133,7 @@ class ToolCallPlan:
         return out
 
     def to_trace_tool(self) -> dict[str, Any]:
-        """The ``tool`` object of a DESIGN §5 trace turn."""
+        """The ``tool`` object of a trace turn (docs/architecture.md#trace-format)."""
         d: dict[str, Any] = {"name": self.tool, "command": self.command, "duration_s": round(self.duration_s, 3)}
         if self.deadline_s is not None:
             d["deadline_s"] = self.deadline_s

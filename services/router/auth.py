@@ -1,4 +1,4 @@
-"""Tenant authentication with API keys stored hashed (DESIGN §8).
+"""Tenant authentication with API keys stored hashed (docs/architecture.md#security).
 
 Keys file (YAML or JSON)::
 

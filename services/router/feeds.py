@@ -1,5 +1,6 @@
 """Following another service's published record (plans from the planner, caps from the
-budget service) with epoch fencing (DESIGN §5, ``services.common.epoch``).
+budget service) with epoch fencing (docs/architecture.md#epoch-and-revision-fencing,
+``services.common.epoch``).
 
 A feed subscribes to the writer's channel and reads the latest value from its key at start,
 after every reconnect and whenever the channel has been quiet for ``poll_s`` (so a missed

@@ -73,7 +73,8 @@ class RouterRuntime:
         self.ctx = ctx
         self.log: structlog.stdlib.BoundLogger = ctx.log
         self.clock = ctx.clock
-        # model time (CONTRACTS E): now() and unix() both run time_scale times faster than the wall
+        # model time (docs/architecture.md#model-time): now() and unix() both run time_scale
+        # times faster than the wall
         self.unix_offset = self.clock.unix() - self.clock.now()
         self.policy: Policy = make_policy(settings.policy)
         self.fallback: Policy = make_policy(settings.fallback_policy or settings.policy)

@@ -8,7 +8,7 @@ Replicas are given as URLs (``http://host:port``) or ``ID=URL``; an id defaults 
 (tao, thunderagent, ...) hold requests until a plan admits the session, and fall back to
 ``fallback_policy`` run locally when no fresh plan arrived for ``plan_stale_s``.
 
-Time (CONTRACTS E): admission and session constants (``hold_timeout_s``, ``plan_stale_s``,
+Time (docs/architecture.md#model-time): admission and session constants (``hold_timeout_s``, ``plan_stale_s``,
 ``session_ttl_s``, ``fallback_interval_s``, ``breaker_open_s``) are model seconds, like every
 timestamp the router shares; I/O pacing and network timeouts (``health_interval_s``,
 ``probe_timeout_s``, ``upstream_*_timeout_s``, ``flush_interval_s``, ``demand_interval_s``,

@@ -4,9 +4,9 @@ Checks what the router itself relies on and what is cheap to get right before an
 changes: the body is a JSON object; ``model`` a non-empty string; ``messages`` (chat) a
 non-empty list of objects with a string ``role``, or ``prompt`` (completions) a string,
 token list or list of those; ``stream`` a boolean; token limits positive integers; the
-session fields and ``tao_synthetic`` (contract B) well typed. Anything deeper is the
-replica's to judge (its 4xx is passed through). A failure raises ``RequestError`` carrying
-an OpenAI-style error; nothing has been recorded at that point.
+session fields and ``tao_synthetic`` (docs/simulation.md#synthetic-token-content) well
+typed. Anything deeper is the replica's to judge (its 4xx is passed through). A failure
+raises ``RequestError`` carrying an OpenAI-style error; nothing has been recorded at that point.
 
 Rewriting for the upstream request: ThunderAgent's ``program_id`` (top level or inside a
 literal ``extra_body`` object) is stripped; a streaming request gets

@@ -103,7 +103,8 @@ class Stack:
         return f"redis://127.0.0.1:{port}/0"
 
     def _service(self, name: str, port: int, redis_url: str, *extra: str) -> Child:
-        # services read model time from their settings (CONTRACTS E): same scale as the replicas
+        # services read model time from their settings (docs/architecture.md#model-time): same
+        # scale as the replicas
         env = {f"TAO_{name.upper()}_TIME_SCALE": str(self.config.time_scale)}
         if name == "router":
             env["TAO_ROUTER_HOLD_TIMEOUT_S"] = str(self.config.hold_timeout_s)

@@ -1,4 +1,4 @@
-"""Pure tenant-budget controller (DESIGN §4): no I/O, no wall clock; time comes in as
+"""Pure tenant-budget controller (docs/algorithms.md#budget-loop): no I/O, no wall clock; time comes in as
 ``BudgetState.now_s``. ``make_policy(name).reallocate(state) -> Allocation``."""
 
 from services.budget.core.model import (

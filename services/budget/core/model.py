@@ -1,4 +1,4 @@
-"""Inputs and outputs of the tenant budget controller (DESIGN §4, Tenant budget).
+"""Inputs and outputs of the tenant budget controller (docs/algorithms.md#budget-loop).
 
 All values are frozen; counts are exact integers ("slots" = concurrent in-flight LLM
 requests). Two numbers per tenant come out of every tick:

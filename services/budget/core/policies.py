@@ -1,4 +1,5 @@
-"""The two budget policies: ``static`` (the baseline) and ``dynamic`` (the seed's controller).
+"""The two budget policies: ``static`` (the baseline) and ``dynamic`` (the budget-controller
+study's controller, docs/algorithms.md#budget-loop).
 
 Dynamic, made precise (one tick, every 2 s):
 

@@ -1,4 +1,5 @@
-"""Pure predictor core: tool events -> expected durations and readiness (DESIGN §4).
+"""Pure predictor core: tool events -> expected durations and readiness
+(docs/algorithms.md#predictor-evidence-hierarchy).
 
 No I/O, no clock reads: times come in with events and queries. Public API::
 

@@ -1,4 +1,5 @@
-"""Predictor tunables (frozen; defaults follow DESIGN §4 and the seed)."""
+"""Predictor tunables (frozen; defaults follow the TAO paper,
+docs/algorithms.md#predictor-evidence-hierarchy)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from services.predictor.core.events import EventLimits
 
 @dataclass(frozen=True, slots=True)
 class ExplorationConfig:
-    """Bounded exploration for overdue predictions (DESIGN §4).
+    """Bounded exploration for overdue predictions (docs/algorithms.md#predictor-evidence-hierarchy).
 
     Time is cut into windows of ``window_s`` on a global grid. In each window an overdue
     session is granted readiness with probability ``probability`` — decided by a hash of
@@ -37,11 +38,11 @@ class ExplorationConfig:
 
 @dataclass(frozen=True, slots=True)
 class PredictorConfig:
-    #: readiness horizon: ready when predicted completion / deadline is within this (DESIGN §4: 1 s)
+    #: readiness horizon: ready when predicted completion / deadline is within this (the TAO paper: 1 s)
     horizon_s: float = 1.0
-    #: a prediction not refreshed by an event within this long does not count (DESIGN §4: 30 s)
+    #: a prediction not refreshed by an event within this long does not count (the TAO paper: 30 s)
     stale_after_s: float = 30.0
-    #: Ê when nothing is known (DESIGN §4: 5 s)
+    #: Ê when nothing is known (the TAO paper: 5 s)
     default_duration_s: float = 5.0
     #: a predicted completion counts as ready until this long after it; later it is overdue
     overdue_grace_s: float = 0.5

@@ -1,4 +1,5 @@
-"""Expected duration Ê of a running call from the strongest evidence (DESIGN §4).
+"""Expected duration Ê of a running call from the strongest evidence
+(docs/algorithms.md#predictor-evidence-hierarchy).
 
 Order, strongest first:
 

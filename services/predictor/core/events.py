@@ -1,4 +1,4 @@
-"""Tool events: the predictor's only input (DESIGN §5, "Tool events").
+"""Tool events: the predictor's only input (docs/architecture.md#tool-events).
 
 A tool call is ``started`` once, may report ``progress`` (ETA, fraction done, or just
 "still running" — a heartbeat), and is ``finished`` once. Times ``t`` are seconds on the
@@ -43,7 +43,7 @@ class ToolEvent:
     seq: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        """The DESIGN §5 JSONL object (absent optional fields are null)."""
+        """The JSONL object of the tool-event format (absent optional fields are null)."""
         return {
             "t": self.t,
             "session_id": self.session_id,

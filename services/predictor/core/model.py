@@ -7,7 +7,8 @@ from enum import StrEnum
 
 
 class Evidence(StrEnum):
-    """What produced an expected duration Ê, strongest first (DESIGN §4)."""
+    """What produced an expected duration Ê, strongest first
+    (docs/algorithms.md#predictor-evidence-hierarchy)."""
 
     COMPLETED = "completed"  # the call finished: Ê is its measured duration
     ETA = "eta"  # the tool reported seconds remaining
@@ -107,7 +108,7 @@ class Prediction:
 
 @dataclass(frozen=True, slots=True)
 class SessionPrediction:
-    """A session's readiness at ``now_s`` (DESIGN §4).
+    """A session's readiness at ``now_s`` (docs/algorithms.md#readiness).
 
     ``ready`` iff ``reason.ready``. With several calls running in parallel the session is
     ready only when all are; the fields describe the *binding* call (the one that returns

@@ -1,4 +1,4 @@
-"""Readiness r(s) ∈ {0, 1} of calls and sessions at a given time (DESIGN §4).
+"""Readiness r(s) ∈ {0, 1} of calls and sessions at a given time (docs/algorithms.md#readiness).
 
 A running call is ready when its exposed deadline D_at is within the horizon
 (``D_at - horizon <= now <= D_at + deadline_grace``) or its predicted return T̂ is

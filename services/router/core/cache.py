@@ -1,4 +1,4 @@
-"""Cache evidence from response usage (DESIGN §4 hierarchy, levels 2 and 3).
+"""Cache evidence from response usage (docs/algorithms.md#cache-credit, levels 2 and 3).
 
 The router sees no KV events (level 1 is the planner's business when replicas publish them).
 After a request of prompt P and output O on replica n:

@@ -1,4 +1,4 @@
-"""Token statistics and the footprint f(s) (DESIGN §3).
+"""Token statistics and the footprint f(s) (docs/algorithms.md#footprint).
 
 f(s) = context + expected output, where context = last prompt + last output + expected next
 append (EWMA of appends) and expected output = EWMA of outputs. While a request is held its

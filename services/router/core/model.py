@@ -1,7 +1,7 @@
 """The router's domain types: frozen dataclasses, exact integer tokens, times in seconds on
 the router's clock (``now_s`` passed in; the adapters convert to Unix seconds for Redis).
 
-Phases (DESIGN §3) are derived, never stored independently (``phase_of``):
+Phases (docs/architecture.md#session-model) are derived, never stored independently (``phase_of``):
 RUNNING while a request is in flight, else WAITING while a request is held, else ACTING when
 admitted (a tool runs), else PAUSED (gating policies: the next request will be held) or
 ACTING (per-request policies: nothing is held, so "paused" would be misleading). ENDED
@@ -21,7 +21,7 @@ EvidenceKind = Literal["kv_events", "cached_tokens", "volume"]
 class CoreConfig:
     """Tunables of the router core (the adapter fills them from ``Settings``)."""
 
-    #: admissible fraction of a replica's KV tokens (DESIGN §3: default 0.95)
+    #: admissible fraction of a replica's KV tokens (docs/algorithms.md#footprint: default 0.95)
     target_utilisation: float = 0.95
     #: weight of the newest sample in the output/append EWMAs
     ewma_alpha: float = 0.3
@@ -50,7 +50,8 @@ class CoreConfig:
 
 @dataclass(frozen=True, slots=True)
 class TokenStats:
-    """What a session's completed requests taught us about its size (DESIGN §3 footprint)."""
+    """What a session's completed requests taught us about its size
+    (docs/algorithms.md#footprint)."""
 
     requests: int = 0
     last_prompt_tokens: int = 0
@@ -70,7 +71,8 @@ class TokenStats:
 
 @dataclass(frozen=True, slots=True)
 class CacheEvidence:
-    """The latest observation of a session's cache on one replica (DESIGN §4 evidence).
+    """The latest observation of a session's cache on one replica
+    (docs/algorithms.md#cache-credit).
 
     ``resident_tokens`` is k0 for ``cached_tokens`` evidence (the whole context the last
     request on the replica computed or hit, i.e. its prompt + output). For ``volume``
@@ -138,7 +140,7 @@ class Session:
 
 
 def phase_of(s: Session, gating: bool) -> Phase:
-    """The DESIGN §3 phase of ``s`` (see the module docstring)."""
+    """The session phase of ``s`` (see the module docstring)."""
     if s.in_flight > 0:
         return "RUNNING"
     if s.held > 0:

@@ -1,4 +1,5 @@
-"""Plan revalidation and application, and the human-readable admission reason (DESIGN §4).
+"""Plan revalidation and application, and the human-readable admission reason
+(docs/algorithms.md#plan-revalidation).
 
 A plan was computed from a snapshot that is already old when it arrives. Each part is
 applied only if it still holds against live state:

@@ -1,9 +1,9 @@
-"""Readiness r(s) for the router's local fallback snapshot (DESIGN §4).
+"""Readiness r(s) for the router's local fallback snapshot (docs/algorithms.md#readiness).
 
 The planner computes readiness itself from the predictor's records; the router needs it only
 when it plans locally (planner silent). r = 1 when a request is held (handled by the
 snapshot builder) or when the predictor's latest prediction for the session's current tool
-call says so: the prediction must be fresh (refreshed within ``fresh_s``, DESIGN: 30 s) and
+call says so: the prediction must be fresh (refreshed within ``fresh_s``, 30 s) and
 belong to the current tool call (started after the session's last request ended, with
 ``skew_s`` of slack for clocks); then it is ready when the predictor flagged it (completion,
 deadline, exploration) or the predicted return or exposed deadline is within ``horizon_s``.
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-HORIZON_S = 1.0  # DESIGN §4: ready when the predicted completion is within 1 s
-FRESH_S = 30.0  # DESIGN §4: only predictions refreshed within 30 s count
+HORIZON_S = 1.0  # docs/algorithms.md#readiness: ready when the predicted completion is within 1 s
+FRESH_S = 30.0  # docs/algorithms.md#readiness: only predictions refreshed within 30 s count
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Build the planner's ``Snapshot`` (contract A) from the router's live state.
+"""Build the planner's ``Snapshot`` (docs/architecture.md#planner-core-api) from the router's live state.
 
 Used by the local fallback policy (planner silent) and by per-request policies at request
 arrival. Times stay on the router's clock. A replica is reported healthy only when it may
