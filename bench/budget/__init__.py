@@ -1,1 +1,1 @@
-"""Tenant budget benchmark (seed 002): static vs dynamic on the engine model, in virtual time."""
+"""Tenant budget benchmark (the budget-controller study's scenario): static vs dynamic on the engine model, in virtual time."""

@@ -1,10 +1,11 @@
 """`tao bench budget [--json OUT] [--quick]`: static vs dynamic tenant budget on the engine model.
 
-Runs seed 002's scenario (B = 96, bursty chat A vs saturating batch B on qwen2.5-3b-h200,
+Runs the budget-controller study's scenario (the ``seed`` case; B = 96, bursty chat A vs saturating batch B on qwen2.5-3b-h200,
 90 s of steady state, static {A:48, B:48} vs dynamic) in virtual time with the budget core
 the service runs, then a third-tenant case and an SLO-violating case. Prints ratios against
-the static baseline measured in the same run and the seed's real-H200 figures for reference.
-``--sweep`` adds the controller-parameter sensitivity on the seed scenario.
+the static baseline measured in the same run and the study's real-H200 figures for reference
+(docs/algorithms.md#published-figures-budget-controller-study).
+``--sweep`` adds the controller-parameter sensitivity on that scenario.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--first-seed", type=int, default=101, help="first workload seed")
     parser.add_argument("--cases", default=None,
                         help=f"comma-separated scenarios (default: all; --quick: seed); from {', '.join(SCENARIOS)}")
-    parser.add_argument("--sweep", action="store_true", help="also sweep release_per_tick x step_frac (seed)")
+    parser.add_argument("--sweep", action="store_true", help="also sweep release_per_tick x step_frac (seed case)")
 
 
 def _verdict(result: dict[str, Any]) -> list[str]:
@@ -41,7 +42,7 @@ def _verdict(result: dict[str, Any]) -> list[str]:
     p99 = r["p99_latency_s"]
     ref_gain = SEED_REFERENCE["dynamic"]["total_tokens_per_s"] / SEED_REFERENCE["static"]["total_tokens_per_s"] - 1
     ref_p99 = SEED_REFERENCE["dynamic"]["p99_latency_s"] / SEED_REFERENCE["static"]["p99_latency_s"]
-    lines = [f"   seed 002 (real H200): {SEED_REFERENCE['static']['total_tokens_per_s']:,.0f} -> "
+    lines = [f"   budget study (real H200): {SEED_REFERENCE['static']['total_tokens_per_s']:,.0f} -> "
              f"{SEED_REFERENCE['dynamic']['total_tokens_per_s']:,.0f} tok/s ({100 * ref_gain:+.1f} %), "
              f"p99 x{ref_p99:.3f}, final caps {SEED_REFERENCE['dynamic']['final_caps']}, "
              f"moves to A/B 15/19, holds 11"]
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         print()
     sweep: list[dict[str, Any]] = []
     if args.sweep:
-        print("== sensitivity (seed scenario): release_per_tick x step_frac")
+        print("== sensitivity (seed case: the study's scenario): release_per_tick x step_frac")
         for release, step in SWEEP:
             p = replace(params, release_per_tick=release, step_frac=step)
             res = run_scenario(replace(scenario("seed"), policies=STATIC_VS_DYNAMIC), seeds, p)

@@ -13,7 +13,7 @@ from bench.budget.sim import PolicyRun, run_policy
 from bench.budget.workload import Scenario
 from services.budget.core import DynamicParams, make_policy
 
-#: seed 002, real H200: static vs dynamic (tokens/s, completed requests over 90 s, p99 s)
+#: the budget-controller study, real H200: static vs dynamic (tokens/s, completed requests over 90 s, p99 s)
 SEED_REFERENCE: dict[str, dict[str, Any]] = {
     "static": {"total_tokens_per_s": 9894.0, "per_tenant_tokens_per_s": {"B": 6557.0},
                "completed_requests": 9063, "requests_per_s": 96.7, "p99_latency_s": 4.15,

@@ -1,4 +1,5 @@
-"""Tenant workloads and scenarios of the budget benchmark (seed 002, made explicit).
+"""Tenant workloads and scenarios of the budget benchmark (the budget-controller study's
+scenario, made explicit).
 
 The seed (real H200, Qwen2.5-3B-Instruct, B = 96, 90 s) gives: tenant A a bursty chat
 tenant with short 64-token outputs that alternates bursts and idle gaps and "spends a
@@ -109,7 +110,7 @@ STEADY_C = TenantLoad("C", "poisson", output_tokens=128, prompt_tokens=(128, 512
                       rate_per_s=20.0, floor=4)
 
 SEED = Scenario(
-    "seed", "seed 002: bursty chat A vs saturating batch B, B = 96, static {A:48, B:48} vs dynamic",
+    "seed", "the budget-controller study: bursty chat A vs saturating batch B, B = 96, static {A:48, B:48} vs dynamic",
     (CHAT_A, BATCH_B),
     policies=(*STATIC_VS_DYNAMIC, PolicySpec("dynamic-overcommit", "dynamic", overcommit=True)),
 )

@@ -1,4 +1,4 @@
-"""An agent driver that plays a trace (DESIGN §5) against a live OpenAI-compatible endpoint.
+"""An agent driver that plays a trace (docs/architecture.md#trace-format) against a live OpenAI-compatible endpoint.
 
 Each trace session becomes one agent: its turns are real streaming chat requests (the
 session named both ways: ``x-session-id`` and ThunderAgent's ``program_id``), carrying the

@@ -32,7 +32,8 @@ from tao.planner.v1 import planner_pb2
 from tao.predictor.v1 import predictor_pb2
 from tao.router.v1 import router_pb2
 
-#: the gRPC codes DESIGN §8 and the protos document for rejected input
+#: the gRPC codes docs/architecture.md#failure-modes-and-degraded-behaviour and the protos
+#: document for rejected input
 CLEAN_CODES = frozenset({
     grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ALREADY_EXISTS,

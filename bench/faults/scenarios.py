@@ -2,7 +2,7 @@
 ``tao check faults``.
 
 Each scenario runs an ``AgentLoad`` through the router, injects its fault(s) mid-workload,
-checks the behaviour DESIGN §8 promises, restores the stack, and returns a
+checks the behaviour docs/architecture.md#failure-modes-and-degraded-behaviour promises, restores the stack, and returns a
 ``ScenarioResult`` (``bench.faults.outcome``): the checks (name, passed, detail), faults
 injected, and the accounting of every request: attempts by outcome, lost attempts (no
 proper answer; a connection cut counts unless the router itself was down), duplicated

@@ -1,5 +1,6 @@
 """Control-plane faults: Redis killed and restarted empty, each service killed -9 and
-restarted, the planner frozen by SIGSTOP (DESIGN §5 epochs, §8 degraded modes)."""
+restarted, the planner frozen by SIGSTOP (docs/architecture.md#epoch-and-revision-fencing and
+docs/architecture.md#failure-modes-and-degraded-behaviour)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Data-path faults: a replica killed mid-stream, and the TCP fault proxy (latency,
 blackhole, connection reset) between the services and Redis and between the router and
-the replicas (DESIGN §8)."""
+the replicas (docs/architecture.md#failure-modes-and-degraded-behaviour)."""
 
 from __future__ import annotations
 

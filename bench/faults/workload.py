@@ -9,7 +9,7 @@ body's ``user`` field, which the replica taps record (``bench.faults.tap``).
 Each attempt ends as one of:
 - ``ok``: a 200 with a complete answer (a stream that reached ``[DONE]`` without an error);
 - ``clean_error``: an OpenAI-style error body, or a stream ended by an error event and
-  ``[DONE]`` (what DESIGN §8 asks of a failure);
+  ``[DONE]`` (what docs/architecture.md#failure-modes-and-degraded-behaviour asks of a failure);
 - ``refused``: the router did not accept the connection (it is down): nothing was sent;
 - ``cut``: the connection broke after the request was sent (or a stream ended without
   ``[DONE]``); acceptable only while the router itself was being killed;

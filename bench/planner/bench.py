@@ -9,7 +9,7 @@
    primary objective component (Σ credit). Target p99 ≤ 100 ms, gap ≤ 1 %.
 3. Random multi-candidate snapshots (4 replicas, 2–12 pool sessions, at least two of which
    could be placed, not all fitting): the share where the DP's objective is lexicographically
-   strictly better than SJF's and than BFD's, and by how much (seed 000: 26.1 % vs SJF).
+   strictly better than SJF's and than BFD's, and by how much (the TAO paper: 26.1 % vs SJF).
 """
 
 from __future__ import annotations
@@ -238,7 +238,7 @@ def run(sizes: Sizes, echo: Callable[[str], None] = print) -> dict[str, Any]:
     echo(f"  tao-bfd  p50 {b['p50_ms']:7.2f} ms  p99 {b['p99_ms']:7.2f} ms  its Σcredit = "
          f"{100 * b['credit_vs_tao']:.1f} % of tao's")
     comp = bench_compare(sizes.compare_runs)
-    echo(f"\n[3] random multi-candidate snapshots ({comp['snapshots']}; seed 000 saw 26.1 % DP > SJF); "
+    echo(f"\n[3] random multi-candidate snapshots ({comp['snapshots']}; the TAO paper saw 26.1 % DP > SJF); "
          f"DP at token resolution on {100 * comp['dp_token_exact_share']:.1f} %")
     for name in ("sjf", "tao-bfd"):
         c = comp[name]

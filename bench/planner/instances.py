@@ -1,6 +1,6 @@
 """Random planner snapshots for benchmarks and tests (deterministic for a seed).
 
-Shapes follow agent serving on vLLM (DESIGN §1, §3): replica KV capacity of a few hundred
+Shapes follow agent serving on vLLM (docs/architecture.md, docs/algorithms.md#footprint): replica KV capacity of a few hundred
 thousand tokens, 20–95 % of it already used; session footprints 4k–64k tokens (log-uniform:
 context plus expected output); ~30 % of pool sessions ready; ~70 % carry cache evidence on
 the replica they last ran on (some on two), 0–60 s old, of mixed evidence kinds.

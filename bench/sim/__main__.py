@@ -2,7 +2,8 @@
 
 Prints, per configuration, TAO against the best system baseline on mean task latency, mean
 TTFT and decode throughput (and against every baseline), TAO's latency gap to the oracle,
-the ablation tables, the targets (seed 000) with what was measured, the runtime and the
+the ablation tables, the targets (the TAO paper's maxima, docs/algorithms.md#published-figures-tao-paper)
+with what was measured, the runtime and the
 machine. ``--quick`` is a smoke run (three tiny points, four policies) in about a minute.
 """
 
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                                ("decode_tok_s_makespan", "decode throughput (makespan)", "max_decode_gain_pct")):
         if key in mx:
             console.print(f"  {label}: best gain vs best baseline {mx[key]['max_gain_vs_best_pct']:+.1f}% "
-                          f"at {mx[key]['at']} (seed max {SEED_TARGETS[target]}%); worst "
+                          f"at {mx[key]['at']} (paper max {SEED_TARGETS[target]}%); worst "
                           f"{mx[key]['min_gain_vs_best_pct']:+.1f}% at {mx[key]['min_at']}")
     console.print(f"TAO latency within 5% of the oracle in {summary['within_5pct_of_oracle']}/"
                   f"{summary['configurations']} configurations (target >= half).")

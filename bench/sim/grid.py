@@ -1,13 +1,13 @@
-"""The paper's 12-configuration grid (seed 000), mirrored on the engine model.
+"""The TAO paper's 12-configuration grid, mirrored on the engine model.
 
-Seed setups: DeepSeek-V4-Flash on 2 nodes × 4×H100 (SWE-bench Lite with mini-SWE-agent and
+The paper's setups: DeepSeek-V4-Flash on 2 nodes × 4×H100 (SWE-bench Lite with mini-SWE-agent and
 Terminal-Bench 2.0 with a Claude-Code harness), Qwen3-32B on 4 nodes × 2×H100 (SWE-bench
 Verified at 96/128/160 workers), GLM-4.7 on one 8×H100 node (SWE-bench Lite). Here:
 
 - ``qwen``: 4 replicas of ``qwen3-32b-h100x2`` (TP2), ``swe-verified``, 500 sessions (the size of
-  SWE-bench Verified), concurrency 96 / 128 / 160 — exactly the seed's worker counts;
+  SWE-bench Verified), concurrency 96 / 128 / 160 — exactly the paper's worker counts;
 - ``glm``: 1 replica of ``glm-4.7-fp8-h100x8`` (TP8), ``swe-lite``, 300 sessions (SWE-bench
-  Lite), concurrency 32 / 48 / 64 — the seed gives no worker counts; these put the same
+  Lite), concurrency 32 / 48 / 64 — the paper gives no worker counts; these put the same
   sessions-per-KV-token pressure on its 548k-token cache as 96–160 put on Qwen's 4 × 301k;
 - ``2node``: 2 replicas × 4×H100 with ``swe-lite`` (300 sessions, concurrency 96 / 128 / 160) and
   ``terminal-bench`` (178 sessions = 2 attempts of the 89 tasks, concurrency 32 / 48 / 64).
@@ -16,12 +16,12 @@ Verified at 96/128/160 workers), GLM-4.7 on one 8×H100 node (SWE-bench Lite). H
   the engine's Qwen3-32B profile with tp=4, 852k KV tokens per replica). The numbers are for
   that model, not DeepSeek's.
 
-Policies: TAO, the oracle and the baselines on every configuration; the ablations (seed's
+Policies: TAO, the oracle and the baselines on every configuration; the ablations (the paper's
 component analysis: − credit decay, − readiness, ThunderAgent pause order, BFD instead of DP)
-on the middle concurrency of each setup (``ablation=True``), as the seed reports them on one
-setup. "Best baseline" is the best of the external systems the seed compares against:
+on the middle concurrency of each setup (``ablation=True``), as the paper reports them on one
+setup. "Best baseline" is the best of the external systems the paper compares against:
 round-robin, least-loaded, cache-aware (Dynamo's KV router cost) and ThunderAgent; SJF
-(the seed's DP comparison) is reported next to them but not counted as a system baseline.
+(the paper's DP comparison) is reported next to them but not counted as a system baseline.
 """
 
 from __future__ import annotations

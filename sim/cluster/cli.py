@@ -23,7 +23,7 @@ DEFAULT_POLICIES = "tao,thunderagent,cache_aware,least_loaded,round_robin"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", required=True, help="workload trace (JSONL, DESIGN §5)")
+    parser.add_argument("--trace", required=True, help="workload trace (JSONL, docs/architecture.md#trace-format)")
     parser.add_argument("--replicas", type=int, default=4, help="number of engine replicas (default 4)")
     parser.add_argument("--profile", default="qwen3-32b-h100x2",
                         help=f"engine profile, one of: {', '.join(sorted(PROFILES))}")

@@ -1,11 +1,12 @@
 """Discrete-event cluster simulation: N engine-model replicas, tool workers, the predictor core,
-the router core and the planner policy, in virtual time (DESIGN §3, §6).
+the router core and the planner policy, in virtual time
+(docs/simulation.md#discrete-event-cluster-simulator).
 
 Everything that decides is the shipped code: ``sim.engine.Engine`` per replica; the router's
 pure core (``services.router.core.RouterCore``: session table, footprints, cache evidence,
 snapshots, plan revalidation and application, per-request routing); the predictor core
 (``services.predictor.core.Predictor``) fed with the trace's tool events (started / progress /
-finished with the runner's hints); the policy from the planner registry (contract A). The
+finished with the runner's hints); the policy from the planner registry (docs/architecture.md#planner-core-api). The
 simulator only moves time and plays the I/O around them:
 
 - the agent harness: closed loop (at most ``concurrency`` sessions active), each request sent
@@ -62,7 +63,7 @@ class SimConfig:
     profile: str = "qwen3-32b-h100x2"
     concurrency: int | None = None  # at most this many sessions active; None = unlimited
     seed: int = 0  # seeds the predictor's exploration grants
-    utilisation_target: float = 0.95  # DESIGN §3
+    utilisation_target: float = 0.95  # docs/algorithms.md#footprint
     tick_s: float = 1.0  # planner tick and /metrics scrape period
     debounce_s: float = 0.05
     plan_latency_s: float = 0.01

@@ -208,15 +208,15 @@ class Profile:
         return blocks
 
 
-# Two H100s, TP=2: the seed's Qwen deployment (2xH100 per node).
+# Two H100s, TP=2: the TAO paper's Qwen deployment (2xH100 per node).
 QWEN3_32B_H100X2 = Profile("qwen3-32b-h100x2", QWEN3_32B, H100_SXM, tp=2, max_model_len=131072)
 # One H100, TP=1: the stock-vLLM throughput calibration point. Its KV cache holds only ~25k
 # tokens, so vLLM would refuse the native 40960 context; serve with --max-model-len 16384.
 QWEN3_32B_H100X1 = Profile("qwen3-32b-h100x1", QWEN3_32B, H100_SXM, tp=1, max_model_len=16384)
-# One H200 serving Qwen2.5-3B-Instruct: the budget seed's setup.
+# One H200 serving Qwen2.5-3B-Instruct: the budget-controller study's setup.
 QWEN25_3B_H200 = Profile("qwen2.5-3b-h200", QWEN25_3B, H200_SXM, tp=1, max_model_len=32768,
                          non_kv_reserve_bytes_per_gpu=2.5 * GIB)
-# One 8xH100 node serving GLM-4.7-FP8 with TP=8 (the seed's GLM setup). Approximations: expert
+# One 8xH100 node serving GLM-4.7-FP8 with TP=8 (the TAO paper's GLM setup). Approximations: expert
 # weights are TP-sharded (no expert parallelism); the weight bytes a step reads count only the
 # experts its tokens touch (uniform routing); FP8 GEMMs at 50 % of FP8 peak; KV cache BF16.
 GLM47_FP8_H100X8 = Profile("glm-4.7-fp8-h100x8", GLM47_FP8, H100_SXM, tp=8, max_model_len=202752,

@@ -6,7 +6,7 @@ their token prefixes up to the end of that block are identical. We keep that cha
 make the *content key* of a block cheap to produce:
 
 - real token ids (the ``tao vllm-sim`` word tokenizer): key = the tuple of the block's ids;
-- synthetic content (contract B, trace-driven load): token ``i`` of a request is
+- synthetic content (trace-driven load, docs/simulation.md#synthetic-token-content): token ``i`` of a request is
   ``synthetic_token_id(source(i), i)`` where ``source(i)`` is the shared-prefix id for
   ``i < system_prompt_tokens`` (when a shared prefix is given) and the session id otherwise.
   A block's tokens are therefore fully determined by ``(source keys, block index)``, which is
@@ -61,7 +61,7 @@ def _mix64(x: int) -> int:
 
 
 def synthetic_token_id(source_id: str, position: int, vocab_size: int = VOCAB_SIZE) -> int:
-    """Contract B content function f(source, i): the token id at ``position`` of ``source_id``."""
+    """Synthetic content function f(source, i): the token id at ``position`` of ``source_id``."""
     return _synthetic_id(stable_key(source_id), position, vocab_size)
 
 
@@ -72,7 +72,7 @@ def _synthetic_id(source_key: int, position: int, vocab_size: int) -> int:
 def synthetic_source(
     session_id: str, shared_prefix_id: str | None, system_prompt_tokens: int, position: int
 ) -> str:
-    """Which source id contract B assigns to ``position``."""
+    """Which source id synthetic content assigns to ``position``."""
     if shared_prefix_id and position < system_prompt_tokens:
         return shared_prefix_id
     return session_id

@@ -6,7 +6,8 @@ Shapes follow vLLM's OpenAI server (``vllm/entrypoints/openai/protocol.py``, ``s
 ``usage.prompt_tokens_details.cached_tokens`` appears only when > 0 (vLLM with
 ``--enable-prompt-tokens-details``).
 
-Contract B extension (``tao_synthetic``): see ``SyntheticSpec``.
+Synthetic-content extension (``tao_synthetic``, docs/simulation.md#synthetic-token-content):
+see ``SyntheticSpec``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
 
 @dataclass(frozen=True, slots=True)
 class SyntheticSpec:
-    """Contract B: prompt token i = f(shared_prefix_id if i < system_prompt_tokens else session_id, i)."""
+    """Synthetic content: prompt token i = f(shared_prefix_id if i < system_prompt_tokens else session_id, i)."""
 
     session_id: str
     prompt_tokens: int

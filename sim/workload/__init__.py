@@ -1,4 +1,5 @@
-"""Agent workloads: the trace format, its validator and the generator (DESIGN §5)."""
+"""Agent workloads: the trace format, its validator and the generator
+(docs/architecture.md#trace-format)."""
 
 from sim.workload.generate import GenerateOptions, UnknownKindError, generate
 from sim.workload.trace import Session, Tool, TraceError, Turn, load_trace, parse_lines, write_trace

@@ -29,7 +29,8 @@ Sources (S1..S9 are referred to below):
   plus tool schemas is ~3k tokens (our estimate from the published prompt and schemas).
 - S8 ThunderAgent (Kang et al. 2026, arXiv:2602.13692): mini-SWE-agent and OpenHands tool calls
   are "lightweight and predictable"; agent steps reason on GPU, act on CPU.
-- S9 TAO budget seed (DESIGN §4): bursty chat tenant with 64-token outputs versus a saturating
+- S9 the tenant budget-controller study (docs/algorithms.md#published-figures-budget-controller-study):
+  bursty chat tenant with 64-token outputs versus a saturating
   batch tenant with 512-token outputs.
 - S10 ThunderAgent's SWE-agent profile (github.com/ThunderAgent-org/ThunderAgent,
   ``SWE-agent-profile/real_chunk_prefill/...GLM-4.5-FP8...bs32/*/stage_timings.jsonl``): per step,
@@ -250,7 +251,7 @@ TERMINAL_BENCH = KindSpec(
     step_overhead_s=Dist(0.3, 0.6, 0.1, 2.0),  # S10 order of magnitude (estimate for Claude Code)
 )
 
-# ---- chat-bursty / batch-steady: the two tenants of the budget seed (S9) ----
+# ---- chat-bursty / batch-steady: the two tenants of the budget study (S9) ----
 CHAT_BURSTY = KindSpec(
     kind="chat-bursty", harness="chat", tenant="chat",
     shared_prefix_id="chat/system", system_prompt_tokens=400,

@@ -1,4 +1,4 @@
-"""The agent-workload trace format (DESIGN §5) and its validator.
+"""The agent-workload trace format (docs/architecture.md#trace-format) and its validator.
 
 A trace is JSONL, one session per line::
 

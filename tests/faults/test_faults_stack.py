@@ -1,7 +1,8 @@
 """Fault injection against the real stack (redis-server, the four `tao serve` processes and
 two `tao vllm-sim` replicas) under a live agent workload: kill -9 Redis and each service,
 SIGSTOP the planner, kill a replica mid-stream, and the TCP fault proxy between the
-services and Redis and between the router and the replicas (DESIGN §8).
+services and Redis and between the router and the replicas
+(docs/architecture.md#failure-modes-and-degraded-behaviour).
 
 Every scenario checks its own promises and the request accounting: no request lost, none
 executed twice, every ok answer executed exactly once at a replica (replica taps). The

@@ -1,5 +1,5 @@
 """Control loops keep their model-time period when the stack runs faster than wall time
-(CONTRACTS E): the budget service ticks every ``tick_s`` model seconds, evenly, not in bursts.
+(docs/architecture.md#model-time): the budget service ticks every ``tick_s`` model seconds, evenly, not in bursts.
 
 Found by the fault suite: ``BudgetService.run`` slept the model-time delay as wall seconds, so
 at time scale 20 it ticked once, slept 2 wall seconds, then fired 19 ticks back to back.

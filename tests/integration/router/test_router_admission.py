@@ -214,7 +214,7 @@ async def test_admin_rpcs_and_status_codes(redis_url: str, sims: list[RunningSim
 
 
 async def test_model_time_scale_applies_to_timeouts_and_records(redis_url: str, sims: list[RunningSim]) -> None:
-    """CONTRACTS E: with time_scale 10 a 3 model-second hold timeout is 0.3 wall seconds and the
+    """Model time (docs/architecture.md#model-time): with time_scale 10 a 3 model-second hold timeout is 0.3 wall seconds and the
     timestamps the router shares are model Unix seconds (time.time() x 10)."""
     async with start_router(redis_url, [sims[0].base_url], time_scale=10.0, plan_stale_s=600.0,
                             hold_timeout_s=3.0) as router, aiohttp.ClientSession(timeout=TIMEOUT) as http:

@@ -1,4 +1,4 @@
-"""Example-based tests of the budget core: the seed's trajectory, recovery with slow
+"""Example-based tests of the budget core: the budget-controller study's trajectory, recovery with slow
 drains, hysteresis, SLO attribution, staleness, static caps, reconfiguration, errors."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_idle_tenant_donates_to_saturating_tenant_like_the_seed() -> None:
     move = [d for d in first.decisions if d.kind == "move"][0]
     assert move.from_tenant == "A" and "A idle" in move.reason and "B has" in move.reason
     second = model.tick()
-    assert second.caps == {"A": 4, "B": 92}  # the seed's final caps
+    assert second.caps == {"A": 4, "B": 92}  # the study's final caps
     third = model.tick()
     assert third.is_hold and third.caps == {"A": 4, "B": 92}
     assert "at its fair share" in third.decisions[-1].reason

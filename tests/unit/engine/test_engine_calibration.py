@@ -54,7 +54,7 @@ def _sharegpt_like(n: int, seed: int) -> list[tuple[int, int]]:
 
 def test_qwen3_32b_one_h100_sharegpt_throughput() -> None:
     # Qwen3-32B BF16 on one H100 with stock vLLM serves ~2.1-2.4k total (prompt + output)
-    # tokens/s on a ShareGPT-like load (figure given in the TAO issue #3 brief, from public vLLM
+    # tokens/s on a ShareGPT-like load (from public vLLM
     # throughput runs). Offline-throughput style: 1000 requests queued at t = 0.
     e = Engine(get_profile("qwen3-32b-h100x1"))
     reqs = _sharegpt_like(1000, seed=0)

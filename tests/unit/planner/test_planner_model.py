@@ -1,4 +1,4 @@
-"""Snapshot/plan JSON (DESIGN §5) and the value triple: credit decay, evidence hierarchy."""
+"""Snapshot/plan JSON (docs/architecture.md#snapshot-and-plan-json) and the value triple: credit decay, evidence hierarchy."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Evidence hierarchy for the expected duration Ê (DESIGN §4), event handling, state."""
+"""Evidence hierarchy for the expected duration Ê (docs/algorithms.md#predictor-evidence-hierarchy), event handling, state."""
 
 from __future__ import annotations
 

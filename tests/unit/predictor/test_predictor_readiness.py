@@ -1,5 +1,5 @@
 """Readiness r(s) on a virtual clock: horizon, deadlines, completion, staleness, parallel
-calls, and bounded, deterministic exploration (DESIGN §4)."""
+calls, and bounded, deterministic exploration (docs/algorithms.md#readiness)."""
 
 from __future__ import annotations
 
