@@ -61,7 +61,9 @@ class DriverConfig:
     model: str | None = None
     request_timeout_s: float = 600.0
     tenant_header: str | None = None
-    #: answers 503 (held past the router's hold timeout) are retried after Retry-After, this often
+    #: answers 503 (overload or failure at the router: held past its hold timeout while nothing
+    #: could serve the request; a session the plan pauses is held, not refused) are retried after
+    #: Retry-After, this often
     max_retries_503: int = 5
     #: release each session when its last turn ends (TAO's /v1/sessions/{id}/release), as a
     #: harness integrated with TAO or ThunderAgent does; 404 from other endpoints is ignored

@@ -173,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
+    # a soak drives the budget to its caps on purpose: overload holds stay long (the old Stack default)
     stack = Stack(StackConfig(replicas=args.replicas, time_scale=args.time_scale, total_budget=args.budget,
-                              num_gpu_blocks=args.num_gpu_blocks))
+                              num_gpu_blocks=args.num_gpu_blocks, hold_timeout_s=600.0))
     print(f"starting the stack ({args.replicas} replicas, time scale {args.time_scale:g}) ...", flush=True)
     try:
         stack.start()  # from this thread: children die with it (PR_SET_PDEATHSIG is per thread)

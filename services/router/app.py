@@ -122,10 +122,10 @@ class Gateway:
             grant = pending
         else:
             try:
-                grant = await rt.wait_grant(request_id, pending, arrived + self.settings.hold_timeout_s)
+                grant = await rt.wait_grant(request_id, pending, arrived)
             except HoldTimeout as exc:
                 rt.metrics.count_request(path, 503)
-                return unavailable(rt, f"not admitted within {self.settings.hold_timeout_s:g} s: {exc.reason}")
+                return unavailable(rt, f"not admitted within {rt.now() - arrived:.3g} s: {exc.reason}")
             except SessionReleased:
                 raise RequestError(409, "the session was released", code="session_released") from None
         granted = rt.now()

@@ -99,7 +99,7 @@ async def serve(rt: RouterRuntime, request: web.Request, ex: Exchange, grant: Gr
                     err = RequestError(502, f"no replica answered: {exc}", code="upstream_failed", type_="server_error")
                     return error_response(err)
                 try:
-                    grant = await rt.wait_grant(ex.request_id, fut, ex.deadline_s)
+                    grant = await rt.wait_grant(ex.request_id, fut, rt.now())
                 except HoldTimeout:
                     return unavailable(rt, "no replica could take the request within the hold timeout")
                 except SessionReleased:

@@ -34,6 +34,7 @@ from services.common.records import AllocationRecord, PlanRecord, PredictionReco
 from services.planner.core.policy import Policy
 from services.planner.core.registry import make_policy
 from services.router.core.breaker import Breaker
+from services.router.core.hold import PLAN, hold_kind
 from services.router.core.model import CoreConfig, Grant, NewRequest, PlanDecision, Usage
 from services.router.core.readiness import PredictionView, is_ready
 from services.router.core.snapshot import build_snapshot
@@ -116,6 +117,10 @@ class RouterRuntime:
         if settings.upstream_api_key is not None:
             self.upstream_headers["Authorization"] = f"Bearer {settings.upstream_api_key.get_secret_value()}"
         self.planner_fresh_s = -math.inf
+        #: when the local fallback last completed a round (it runs while the planner is silent)
+        self.fallback_fresh_s = -math.inf
+        #: longest tool call seen (model s): a session's next request after its previous one ended
+        self.longest_tool_s = 0.0
         self.last_plan: PlanRecord | None = None
         self.fallback_runs = 0
         self._waiters: dict[str, Waiter] = {}
@@ -183,6 +188,9 @@ class RouterRuntime:
 
     def submit(self, req: NewRequest) -> Grant | asyncio.Future[Grant]:
         """Admit a request: its grant now, or a future resolved when it may go."""
+        s = self.core.sessions.get(req.session_id)
+        if s is not None and s.in_flight == 0 and s.held == 0 and s.acting_since_s is not None:
+            self.longest_tool_s = max(self.longest_tool_s, self.now() - s.acting_since_s)
         grant = self.core.arrive(self.now(), req)
         self.store.wake()
         if grant is not None:
@@ -196,20 +204,52 @@ class RouterRuntime:
             self._fallback_kick.set()
         return fut
 
-    async def wait_grant(self, request_id: str, fut: asyncio.Future[Grant], deadline_s: float) -> Grant:
-        """Wait for a held request's grant until ``deadline_s`` (router clock). On timeout or
-        cancellation (client gone) the request is abandoned, or its grant handed back."""
-        try:
-            done, _ = await asyncio.wait({fut}, timeout=self.wall(max(0.0, deadline_s - self.now())))
-        except BaseException:
-            self._give_up(request_id, fut)
-            raise
-        if not done:
-            held = self.core.held.get(request_id)
-            reason = self.core.explain(held.session_id) if held else ""
+    def plans_live(self) -> bool:
+        """A plan decides admission now: the planner's is fresh, or the local fallback ran."""
+        return self.now() - max(self.planner_fresh_s, self.fallback_fresh_s) <= self.settings.plan_stale_s
+
+    def plan_hold_bound_s(self) -> float:
+        """How long the plan may keep a request waiting (model s): ``plan_hold_timeout_s``, or
+        ``plan_hold_tool_factor`` x the longest tool call seen, or ``hold_timeout_s``: the longest."""
+        s = self.settings
+        return max(s.plan_hold_timeout_s, s.hold_timeout_s, s.plan_hold_tool_factor * self.longest_tool_s)
+
+    async def wait_grant(self, request_id: str, fut: asyncio.Future[Grant], since_s: float) -> Grant:
+        """Wait for a held request's grant (held since ``since_s``, router clock). A request the
+        plan keeps waiting on purpose (``core.hold.PLAN``) waits up to ``plan_hold_bound_s``;
+        one that nothing can serve (``STUCK``) gets ``HoldTimeout`` once it has been held
+        ``hold_timeout_s`` without the plan holding it (checked at that deadline, then every
+        quarter of it). On timeout or cancellation (client gone) the request is abandoned, or
+        its grant handed back."""
+        short = self.settings.hold_timeout_s
+        last_plan = since_s  # last time the plan was seen holding it on purpose
+        check_at = since_s + short
+        while True:
+            bound_at = since_s + self.plan_hold_bound_s()
+            try:
+                done, _ = await asyncio.wait({fut}, timeout=self.wall(max(0.0, min(check_at, bound_at) - self.now())))
+            except BaseException:
+                self._give_up(request_id, fut)
+                raise
+            if done:
+                return fut.result()
+            now = self.now()
+            kind, why = hold_kind(self.core, request_id, self.plans_live())
+            if kind == PLAN:
+                last_plan = now
+            if now >= since_s + self.plan_hold_bound_s() - 1e-9:
+                reason = f"held by the plan past its bound ({why}): {self._explain(request_id)}"
+            elif now - last_plan >= short - 1e-9:
+                reason = f"{why}: {self._explain(request_id)}"
+            else:
+                check_at = now + short / 4 if kind == PLAN else last_plan + short
+                continue
             self._give_up(request_id, fut)
             raise HoldTimeout(reason)
-        return fut.result()
+
+    def _explain(self, request_id: str) -> str:
+        held = self.core.held.get(request_id)
+        return self.core.explain(held.session_id) if held else ""
 
     def _give_up(self, request_id: str, fut: asyncio.Future[Grant]) -> None:
         self._waiters.pop(request_id, None)
@@ -338,6 +378,7 @@ class RouterRuntime:
         pool = [s for s in core.sessions.values() if not s.admitted and s.in_flight == 0]
         over = any(core.used.get(r, 0) > core.capacity(r) for r in core.replicas)
         if not pool and not over:
+            self.fallback_fresh_s = self.now()
             return
         readiness = await self._readiness([s.id for s in pool if s.held == 0])
         now = self.now()
@@ -346,6 +387,7 @@ class RouterRuntime:
         decision = PlanDecision(tuple((a.session, a.replica) for a in plan.assignments), plan.pauses, now,
                                 f"fallback {self.fallback.name}")
         core.apply_plan(self.now(), decision)
+        self.fallback_fresh_s = self.now()
         self.fallback_runs += 1
         self.metrics.plans.labels("fallback").inc()
         self.store.wake()

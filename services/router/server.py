@@ -87,7 +87,10 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=None, help="placement policy (default tao)")
     parser.add_argument("--fallback-policy", default=None, help="local policy when the planner is silent")
     parser.add_argument("--api-keys-file", default=None, help="hashed API keys (YAML/JSON); unset = dev mode")
-    parser.add_argument("--hold-timeout-s", type=float, default=None, help="held longer -> 503")
+    parser.add_argument("--hold-timeout-s", type=float, default=None,
+                        help="held this long while nothing can serve it -> 503 (overload, failure)")
+    parser.add_argument("--plan-hold-timeout-s", type=float, default=None,
+                        help="held by the plan on purpose (paused session) at most this long -> 503")
     parser.add_argument("--plan-stale-s", type=float, default=None, help="planner counts as silent after this")
     parser.add_argument("--kv-capacity-tokens", type=int, default=None,
                         help="KV tokens of replicas that do not export vllm:cache_config_info")
@@ -102,6 +105,7 @@ def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "fallback_policy": args.fallback_policy,
         "api_keys_file": args.api_keys_file,
         "hold_timeout_s": args.hold_timeout_s,
+        "plan_hold_timeout_s": args.plan_hold_timeout_s,
         "plan_stale_s": args.plan_stale_s,
         "replica_kv_capacity_tokens": args.kv_capacity_tokens,
     }

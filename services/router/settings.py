@@ -8,7 +8,12 @@ Replicas are given as URLs (``http://host:port``) or ``ID=URL``; an id defaults 
 (tao, thunderagent, ...) hold requests until a plan admits the session, and fall back to
 ``fallback_policy`` run locally when no fresh plan arrived for ``plan_stale_s``.
 
-Time (docs/architecture.md#model-time): admission and session constants (``hold_timeout_s``, ``plan_stale_s``,
+Holding (``core/hold.py``): a request the plan keeps waiting on purpose is held up to
+``plan_hold_timeout_s`` (default 30 model minutes, at least ``plan_hold_tool_factor`` x the
+longest tool call seen), as ThunderAgent holds a paused program; 503 + ``Retry-After`` after
+the short ``hold_timeout_s`` is kept for overload and failure (nothing can serve the request).
+
+Time (docs/architecture.md#model-time): admission and session constants (``hold_timeout_s``, ``plan_hold_timeout_s``, ``plan_stale_s``,
 ``session_ttl_s``, ``fallback_interval_s``, ``breaker_open_s``) are model seconds, like every
 timestamp the router shares; I/O pacing and network timeouts (``health_interval_s``,
 ``probe_timeout_s``, ``upstream_*_timeout_s``, ``flush_interval_s``, ``demand_interval_s``,
@@ -61,7 +66,21 @@ class Settings(ServiceSettings):
                                   "itself (tao for the default)")
     plan_stale_s: float = Field(default=5.0, gt=0.0, le=3600.0, description="planner silent after this long")
     fallback_interval_s: float = Field(default=0.25, gt=0.0, le=60.0, description="local fallback period")
-    hold_timeout_s: float = Field(default=60.0, gt=0.0, le=3600.0, description="held longer -> 503")
+    hold_timeout_s: float = Field(
+        default=60.0, gt=0.0, le=3600.0,
+        description="a request held this long while nothing can serve it -> 503 + Retry-After: no replica "
+                    "takes sessions, its replica is down, no live plan (planner silent, local fallback "
+                    "failing), its tenant at the budget cap, or a per-request policy finds no replica")
+    plan_hold_timeout_s: float = Field(
+        default=1800.0, gt=0.0, le=7 * 86400.0,
+        description="a request the plan keeps waiting on purpose (session paused or not yet admitted while "
+                    "plans are live, a replica up and a tenant slot free) is held, as ThunderAgent does, up "
+                    "to this long (or plan_hold_tool_factor x the longest tool call seen, or hold_timeout_s, "
+                    "whichever is longest), then 503")
+    plan_hold_tool_factor: float = Field(
+        default=4.0, ge=0.0, le=1000.0,
+        description="the plan hold bound is at least this many times the longest tool call the router has "
+                    "seen (a session's time between a request's end and its next request); 0: off")
     retry_after_s: int = Field(default=2, ge=0, le=3600, description="Retry-After of a 503")
     session_ttl_s: float = Field(default=900.0, gt=0.0, description="idle sessions end after this long")
     default_output_tokens: int = Field(default=256, ge=1, description="expected output of a new session")

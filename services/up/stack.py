@@ -28,8 +28,11 @@ class StackConfig:
     num_gpu_blocks: int | None = None
     total_budget: int = 64
     tenants: tuple[str, ...] = ("default",)
-    #: model seconds a request may be held at the router before a 503 (agents wait for admission)
-    hold_timeout_s: float = 600.0
+    #: router hold bounds (model seconds; None: the router's defaults, services/router/settings.py):
+    #: ``hold_timeout_s`` for requests nothing can serve (overload, failure: 503 + Retry-After
+    #: after it), ``plan_hold_timeout_s`` for sessions the plan keeps waiting on purpose (held)
+    hold_timeout_s: float | None = None
+    plan_hold_timeout_s: float | None = None
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tao-up-logs-")))
     #: extra environment for every child, e.g. {"TAO_ROUTER_PLAN_STALE_S": "2"} (settings by env)
     env: dict[str, str] = field(default_factory=dict)
@@ -107,7 +110,10 @@ class Stack:
         # scale as the replicas
         env = {f"TAO_{name.upper()}_TIME_SCALE": str(self.config.time_scale)}
         if name == "router":
-            env["TAO_ROUTER_HOLD_TIMEOUT_S"] = str(self.config.hold_timeout_s)
+            if self.config.hold_timeout_s is not None:
+                env["TAO_ROUTER_HOLD_TIMEOUT_S"] = str(self.config.hold_timeout_s)
+            if self.config.plan_hold_timeout_s is not None:
+                env["TAO_ROUTER_PLAN_HOLD_TIMEOUT_S"] = str(self.config.plan_hold_timeout_s)
         return self.sup.spawn(name, tao_argv("serve", name, "--port", str(port), "--redis-url", redis_url,
                                              "--log-level", self.config.log_level, *extra), env)
 

@@ -1,5 +1,6 @@
 """Admission over real Redis and gRPC: plan fencing (stale epoch, older revision), the local
-fallback when the planner is silent, hold timeout 503 + Retry-After, tenant caps from the
+fallback when the planner is silent, holding (on purpose by the plan: long; nothing can serve
+the request: 503 + Retry-After after the short hold timeout), tenant caps from the
 budget service, and RouterAdminService with its status codes."""
 
 from __future__ import annotations
@@ -81,8 +82,12 @@ async def test_plans_are_fenced_by_epoch_and_revision(redis_url: str, sims: list
         assert explained.applied_plan.epoch == "planner-B" and explained.applied_plan.revision == 1
 
 
-async def test_hold_timeout_answers_503_with_retry_after(redis_url: str, sims: list[RunningSim]) -> None:
-    async with start_router(redis_url, [sims[0].base_url], plan_stale_s=60.0, hold_timeout_s=0.4,
+async def test_a_request_the_plan_holds_outlasts_the_hold_timeout_up_to_its_bound(
+        redis_url: str, sims: list[RunningSim]) -> None:
+    """A paused / not yet admitted session under a live planner is held on purpose: past the short
+    hold_timeout_s, until plan_hold_timeout_s; then 503 + Retry-After."""
+    async with start_router(redis_url, [sims[0].base_url], plan_stale_s=60.0, hold_timeout_s=0.3,
+                            plan_hold_timeout_s=1.5, plan_hold_tool_factor=0.0,
                             retry_after_s=7) as router, aiohttp.ClientSession(timeout=TIMEOUT) as http:
         await publish_plan(router, "planner-A", 1, {})
         await wait_for(lambda: not router.rt.planner_silent(), "planner alive")
@@ -90,8 +95,9 @@ async def test_hold_timeout_answers_503_with_retry_after(redis_url: str, sims: l
         resp = await post(http, router, "waits")
         body = await resp.json()
         assert resp.status == 503 and resp.headers["Retry-After"] == "7"
-        assert body["error"]["type"] == "server_error" and "held: waiting for admission" in body["error"]["message"]
-        assert 0.35 < time.monotonic() - started < 5
+        assert body["error"]["type"] == "server_error" and "held by the plan past its bound" in body["error"]["message"]
+        assert "held: waiting for admission" in body["error"]["message"]
+        assert 1.4 < time.monotonic() - started < 6
         core = router.rt.core
         assert core.held == {} and core.phase(core.sessions["waits"]) == "PAUSED"
         assert core.tenant_held.get("default", 0) == 0
@@ -99,6 +105,40 @@ async def test_hold_timeout_answers_503_with_retry_after(redis_url: str, sims: l
         resp = await http.post(router.url + "/v1/chat/completions", json=BODY)
         assert resp.status == 503
         assert list(core.sessions) == ["waits"]
+
+
+async def test_a_request_held_by_the_plan_is_admitted_long_after_the_hold_timeout(
+        redis_url: str, sims: list[RunningSim]) -> None:
+    async with start_router(redis_url, [sims[0].base_url], plan_stale_s=60.0, hold_timeout_s=0.3) as router, \
+            aiohttp.ClientSession(timeout=TIMEOUT) as http:
+        assert router.rt.settings.plan_hold_timeout_s == 1800.0  # the default
+        await publish_plan(router, "planner-A", 1, {})
+        await wait_for(lambda: not router.rt.planner_silent(), "planner alive")
+        task = asyncio.create_task(post(http, router, "late"))
+        await asyncio.sleep(1.2)  # four hold timeouts
+        assert not task.done()
+        await publish_plan(router, "planner-A", 2, {"late": replica_ids(router)[0]})
+        resp = await asyncio.wait_for(task, 10)
+        assert resp.status == 200 and float(resp.headers["x-tao-hold-ms"]) > 1000
+
+
+async def test_a_request_nothing_can_serve_gets_503_after_the_hold_timeout(
+        redis_url: str, sims: list[RunningSim]) -> None:
+    """Planner silent and the local fallback failing: no live plan, so the short timeout applies
+    although the plan hold bound is long."""
+    async with start_router(redis_url, [sims[0].base_url], plan_stale_s=0.3, hold_timeout_s=0.5,
+                            retry_after_s=3) as router, aiohttp.ClientSession(timeout=TIMEOUT) as http:
+        def broken(snapshot: object) -> object:
+            raise RuntimeError("fallback policy down")
+
+        router.rt.fallback.plan = broken  # type: ignore[method-assign]
+        await asyncio.sleep(0.4)  # past plan_stale_s since start: no plan is live
+        started = time.monotonic()
+        resp = await post(http, router, "stuck")
+        body = await resp.json()
+        assert resp.status == 503 and resp.headers["Retry-After"] == "3"
+        assert "no live plan" in body["error"]["message"]
+        assert 0.45 < time.monotonic() - started < 3
 
 
 async def test_local_fallback_admits_when_the_planner_goes_silent(redis_url: str, sims: list[RunningSim]) -> None:
@@ -214,10 +254,11 @@ async def test_admin_rpcs_and_status_codes(redis_url: str, sims: list[RunningSim
 
 
 async def test_model_time_scale_applies_to_timeouts_and_records(redis_url: str, sims: list[RunningSim]) -> None:
-    """Model time (docs/architecture.md#model-time): with time_scale 10 a 3 model-second hold timeout is 0.3 wall seconds and the
+    """Model time (docs/architecture.md#model-time): with time_scale 10 a 5 model-second plan hold bound is 0.5 wall seconds and the
     timestamps the router shares are model Unix seconds (time.time() x 10)."""
     async with start_router(redis_url, [sims[0].base_url], time_scale=10.0, plan_stale_s=600.0,
-                            hold_timeout_s=3.0) as router, aiohttp.ClientSession(timeout=TIMEOUT) as http:
+                            hold_timeout_s=3.0, plan_hold_timeout_s=5.0, plan_hold_tool_factor=0.0) as router, \
+            aiohttp.ClientSession(timeout=TIMEOUT) as http:
         now_model = time.time() * 10
         rec = PlanRecord(epoch="p", rev=1, policy="tao", solver="exact", solve_ms=0.0,
                          snapshot_at_unix_s=now_model, created_at_unix_s=now_model)
@@ -226,7 +267,7 @@ async def test_model_time_scale_applies_to_timeouts_and_records(redis_url: str, 
         await wait_for(lambda: not router.rt.planner_silent(), "planner alive in model time")
         started = time.monotonic()
         resp = await post(http, router, "scaled")
-        assert resp.status == 503 and 0.25 < time.monotonic() - started < 2.5
+        assert resp.status == 503 and 0.45 < time.monotonic() - started < 2.5
         await router.flushed()
         stored = load(SessionRecord, await router.redis.hget(keys.SESSIONS, "scaled"))
         assert abs(stored.created_at_unix_s - time.time() * 10) < 30
