@@ -29,6 +29,7 @@ Timing: the core reads no clock. ``Plan.solve_ms`` is measured by an injected ``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -115,7 +116,9 @@ def plan_pauses(snapshot: Snapshot, order: str, values: ValueConfig = FULL_VALUE
     - ``"tao"``: ascending value — not ready first, then lowest credit on the replica, then
       smallest footprint, then id;
     - ``"thunderagent"``: smallest footprint first, then id (ThunderAgent's
-      ``_pause_until_safe``: ACTING smallest tokens first, then REASONING marked).
+      ``_pause_until_safe``: ACTING smallest tokens first, then REASONING marked);
+    - ``"belady"``: not ready first, then the furthest predicted tool return first (Belady's
+      rule: evict what is needed last; no fresh prediction counts as furthest), then as ``"tao"``.
     """
     replicas = sorted_replicas(snapshot)
     by_id = {r.id: r for r in replicas}
@@ -132,6 +135,10 @@ def plan_pauses(snapshot: Snapshot, order: str, values: ValueConfig = FULL_VALUE
         if order == "thunderagent":
             return (s.footprint_tokens, s.id)
         ready = 1 if (s.ready and values.use_readiness) else 0
+        if order == "belady":
+            # Furthest predicted return first; no fresh prediction counts as furthest.
+            returns = s.tool_return_s if s.tool_return_s is not None else math.inf
+            return (ready, -returns, int(credit[i, col[s.replica or ""]]), s.footprint_tokens, s.id)
         return (ready, int(credit[i, col[s.replica or ""]]), s.footprint_tokens, s.id)
 
     pauses: list[str] = []

@@ -24,11 +24,12 @@ runs every registered name through the same invariants.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from services.planner.core.continuum import ContinuumPolicy
 from services.planner.core.policy import Policy
 from services.planner.core.routers import CacheAwarePolicy, LeastLoadedPolicy, RoundRobinPolicy
-from services.planner.core.tao import TaoConfig, TaoPolicy
+from services.planner.core.tao import TAO, TAO_PAPER, TaoPolicy
 from services.planner.core.thunderagent import ThunderAgentPolicy
 from services.planner.core.values import ValueConfig
 
@@ -38,12 +39,14 @@ class UnknownPolicyError(ValueError):
 
 
 POLICIES: dict[str, Callable[[], Policy]] = {
-    "tao": lambda: TaoPolicy("tao"),
-    "tao-no-decay": lambda: TaoPolicy("tao-no-decay", TaoConfig(values=ValueConfig(half_life_s=None))),
-    "tao-no-readiness": lambda: TaoPolicy("tao-no-readiness", TaoConfig(values=ValueConfig(use_readiness=False))),
-    "tao-bfd": lambda: TaoPolicy("tao-bfd", TaoConfig(placement="bfd")),
-    "tao-ta-pause": lambda: TaoPolicy("tao-ta-pause", TaoConfig(pause_order="thunderagent")),
-    "sjf": lambda: TaoPolicy("sjf", TaoConfig(placement="sjf")),
+    "tao": lambda: TaoPolicy("tao", TAO),
+    "tao-paper": lambda: TaoPolicy("tao-paper", TAO_PAPER),
+    "tao-no-decay": lambda: TaoPolicy("tao-no-decay", replace(TAO_PAPER, values=ValueConfig(half_life_s=None))),
+    "tao-no-readiness": lambda: TaoPolicy("tao-no-readiness",
+                                          replace(TAO_PAPER, values=ValueConfig(use_readiness=False))),
+    "tao-bfd": lambda: TaoPolicy("tao-bfd", replace(TAO_PAPER, placement="bfd")),
+    "tao-ta-pause": lambda: TaoPolicy("tao-ta-pause", replace(TAO_PAPER, pause_order="thunderagent")),
+    "sjf": lambda: TaoPolicy("sjf", replace(TAO_PAPER, placement="sjf")),
     "round_robin": RoundRobinPolicy,
     "least_loaded": LeastLoadedPolicy,
     "cache_aware": CacheAwarePolicy,

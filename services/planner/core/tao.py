@@ -58,15 +58,27 @@ from services.planner.core.policy import (
     start_time,
 )
 from services.planner.core.sparse import solve_sparse
-from services.planner.core.values import FULL_VALUES, IntArray, ValueConfig, Values, fold_values, objective_of
+from services.planner.core.spread import replica_load, spread
+from services.planner.core.values import (
+    FULL_VALUES,
+    IntArray,
+    ValueConfig,
+    Values,
+    fold_values,
+    objective_of,
+    ready_first,
+    with_tier,
+)
 
 
 @dataclass(frozen=True, slots=True)
 class TaoConfig:
-    """``placement``: "dp" | "bfd" | "sjf"; ``pause_order``: "tao" | "thunderagent";
+    """``placement``: "dp" | "bfd" | "sjf"; ``pause_order``: "tao" | "thunderagent" | "belady";
     ``guard``: after a DP that did not run at token resolution, also build the BFD and SJF
     plans and keep the lexicographically best in exact tokens; ``sparse``: try the
-    token-resolution DP over reachable states (sparse.py) first."""
+    token-resolution DP over reachable states (sparse.py) first; ``objective``: "paper"
+    (Σk, Σr, Σf) or "ready-first" (Σr, Σk, Σf, values.ready_first); ``spread``: break placement
+    ties by compute load (spread.py)."""
 
     values: ValueConfig = FULL_VALUES
     placement: str = "dp"
@@ -74,6 +86,17 @@ class TaoConfig:
     budget: DpBudget = field(default_factory=DpBudget)
     guard: bool = True
     sparse: bool = True
+    objective: str = "paper"
+    spread: bool = False
+    aging_s: float | None = None
+
+
+TAO_PAPER = TaoConfig(spread=True)
+"""The TAO paper's policy: (Σk, Σr, Σf) by the DP, pauses by ascending value; placement ties
+broken by compute load (spread.py), which the paper leaves open."""
+
+TAO = TaoConfig(spread=True)
+"""The shipped ``tao`` policy (docs/algorithms.md#policies-tao-and-tao-paper)."""
 
 
 def place_greedily(order: Sequence[int], values: Values, eligible: npt.NDArray[np.bool_],
@@ -163,6 +186,7 @@ class TaoPolicy:
         cfg = self.config
         replicas = sorted_replicas(snapshot)
         paused = plan_pauses(snapshot, cfg.pause_order, cfg.values)
+        paused_ids = frozenset(paused.pauses)
         free = free_after_pauses(replicas, paused.freed_tokens)
         pool = pool_candidates(snapshot)
         values = fold_values(snapshot.now_s, pool, replicas, cfg.values)
@@ -180,8 +204,21 @@ class TaoPolicy:
             values = Values(values.credit[rows], values.ready[rows], values.footprint[rows])
             eligible = eligible[rows]
             ids = [ids[i] for i in keep]
-        solved = self._solve(values, eligible, free, ids)
+        solve_values = ready_first(values) if cfg.objective == "ready-first" else values
+        if cfg.aging_s is not None:
+            now = snapshot.now_s
+            by_id = {s.id: s for s in pool}
+            since = [by_id[i].waiting_since_s if by_id[i].phase == "WAITING" else None for i in ids]
+            aged = np.array([0 if t is None or now - t < cfg.aging_s else 1 for t in since], dtype=np.int64)
+            if aged.any():
+                solve_values = with_tier(solve_values, aged)
+        solved = self._solve(solve_values, eligible, free, ids)
         choice = solved.choice
+        if cfg.spread:
+            col = {r.id: j for j, r in enumerate(replicas)}
+            admitted = [s for s in snapshot.sessions if s.admitted and s.id not in paused_ids]
+            busy, total = replica_load(admitted, col, len(replicas))
+            choice = spread(choice, values, eligible, free, busy, total)
         assignments = tuple(
             Assignment(ids[i], replicas[int(choice[i])].id) for i in range(len(ids)) if choice[i] >= 0
         )

@@ -167,3 +167,24 @@ def encode_values(values: Values, rows: npt.NDArray[np.intp]) -> tuple[npt.NDArr
         for j in range(credit.shape[1]):
             big[i, j] = (int(credit[i, j]) * radix_r + int(ready[i])) * radix_f + int(foot[i])
     return big, enc
+
+
+
+def with_tier(values: Values, tier: IntArray, keep_ready: bool = True) -> Values:
+    """Values whose lexicographic order is (Σtier, Σk, Σr, Σf): ``tier`` (per session, >= 0)
+    is folded into the credit column by a mixed radix, k'(s, n) = tier(s)·M + k(s, n) with
+    M = Σ_s max_n k(s, n) + 1, so Σk' = Σtier·M + Σk and Σk ≤ M − 1 for any plan: comparing
+    Σk' compares Σtier first, then Σk, exactly (integers, no weights). Every solver takes the
+    result unchanged; cache-equivalent replicas stay equivalent (the tier is per session).
+    ``keep_ready=False`` zeroes r (when the tier already is readiness)."""
+    if values.credit.size == 0:
+        return values
+    radix = int(values.credit.max(axis=1).sum()) + 1
+    credit = tier.astype(np.int64)[:, None] * radix + values.credit
+    ready = values.ready if keep_ready else np.zeros_like(values.ready)
+    return Values(credit=credit.astype(np.int64), ready=ready, footprint=values.footprint)
+
+
+def ready_first(values: Values) -> Values:
+    """Values whose lexicographic order is (Σr, Σk, Σf) instead of (Σk, Σr, Σf) (``with_tier``)."""
+    return with_tier(values, values.ready, keep_ready=False)

@@ -37,7 +37,7 @@ class _SessionPhaseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SessionP
     """Released or idle past the TTL."""
 
 class SessionPhase(_SessionPhase, metaclass=_SessionPhaseEnumTypeWrapper):
-    """Lifecycle of an agent session as the router sees it (DESIGN §3)."""
+    """Lifecycle of an agent session as the router sees it (docs/architecture.md#session-model)."""
 
 SESSION_PHASE_UNSPECIFIED: SessionPhase.ValueType  # 0
 """Not set; rejected wherever a phase is required."""

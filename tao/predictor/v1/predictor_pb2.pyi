@@ -101,7 +101,7 @@ class _EvidenceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Evidence.Val
     """No evidence: the default duration."""
 
 class Evidence(_Evidence, metaclass=_EvidenceEnumTypeWrapper):
-    """Where an expected duration came from, strongest first (DESIGN §4)."""
+    """Where an expected duration came from, strongest first (docs/algorithms.md#predictor-evidence-hierarchy)."""
 
 EVIDENCE_UNSPECIFIED: Evidence.ValueType  # 0
 """Not set."""
@@ -123,7 +123,7 @@ Global___Evidence: _TypeAlias = Evidence  # noqa: Y015
 
 @_typing.final
 class ToolEvent(_message.Message):
-    """One observation from a tool runner (same fields as the JSONL replay format, DESIGN §5)."""
+    """One observation from a tool runner (same fields as the JSONL replay format, docs/architecture.md#tool-events)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
