@@ -56,7 +56,7 @@ HOLDS_REQUEST = frozenset({"RUNNING", "WAITING"})  # admitted sessions whose req
 
 @runtime_checkable
 class Policy(Protocol):
-    """Contract A: ``plan`` is a function of the snapshot and the policy's own history."""
+    """The planner core API (docs/architecture.md#planner-core-api): ``plan`` is a function of the snapshot and the policy's own history."""
 
     name: str
     gates_admission: bool

@@ -7,7 +7,7 @@ applied only if it still holds against live state:
   must still be admitted and not re-placed since the snapshot, and (``pause_revalidation``)
   its replica must still be over capacity once the footprints of sessions already leaving
   are subtracted — those paused earlier in this plan and RUNNING ones already marked
-  (``pause_pending``). Contract A's snapshot does not say which RUNNING sessions are marked,
+  (``pause_pending``). The planner's snapshot does not say which RUNNING sessions are marked,
   so a policy re-planning while a marked request still runs asks again for the same excess;
   upstream ThunderAgent avoids the same double count with its ``future_paused_tokens``.
   ACTING (and admitted but held) sessions leave at once; RUNNING ones are marked and leave
