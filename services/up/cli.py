@@ -19,7 +19,7 @@ from rich.live import Live
 from rich.table import Table
 
 from bench.e2e.driver import DriverConfig, DriverResult, RequestResult, ToolEvents, TraceDriver
-from bench.e2e.results import metrics_of, scrape_preemptions
+from bench.e2e.results import metrics_of, scrape_counters
 from services.up.procs import PortInUse
 from services.up.report import comparison, write_report
 from services.up.stack import Stack, StackAddresses, StackConfig
@@ -33,7 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=None, help="sessions active at once (default: all)")
     parser.add_argument("--duration", type=float, default=None, help="stop each run's workload after S wall seconds")
     parser.add_argument("--policy", default="tao", help="placement policy under test")
-    parser.add_argument("--compare", default="round_robin", help="baseline policy run on the same workload ('none' to skip)")
+    parser.add_argument("--compare", default="thunderagent",
+                        help="baseline policy run on the same workload (default thunderagent, the strongest "
+                             "baseline in the simulator; 'none' to skip)")
     parser.add_argument("--time-scale", type=float, default=20.0, help="simulated seconds per wall second")
     parser.add_argument("--seed", type=int, default=1, help="workload seed")
     parser.add_argument("--num-gpu-blocks", type=int, default=8000,
@@ -153,8 +155,9 @@ async def _drive(addrs: StackAddresses, sessions: list[Any], args: argparse.Name
 
 def _summary_table(policies: dict[str, dict[str, Any]], comparisons: dict[str, dict[str, float | None]]) -> Table:
     t = Table(title="TAO vs baseline (model seconds; improvement: positive = better)")
-    keys = ["mean_task_latency_s", "p90_task_latency_s", "mean_ttft_s", "mean_ttft_after_tool_s",
-            "decode_tokens_per_s", "prefix_hit_rate", "mean_pause_wait_s", "completed_sessions", "errors"]
+    keys = ["mean_task_latency_s", "p90_task_latency_s", "latency_over_lower_bound", "mean_ttft_s",
+            "mean_ttft_after_tool_s", "decode_tok_s_makespan", "decode_tok_s_busy", "prefix_hit_rate",
+            "mean_pause_wait_s", "completed_sessions", "errors"]
     t.add_column("metric")
     for name in policies:
         t.add_column(name, justify="right")
@@ -164,7 +167,7 @@ def _summary_table(policies: dict[str, dict[str, Any]], comparisons: dict[str, d
         row = [key]
         for metrics in policies.values():
             v = metrics.get(key)
-            row.append(f"{v:.4g}" if isinstance(v, float) else str(v))
+            row.append(f"{v:.4g}" if isinstance(v, float) else ("n/a" if v is None else str(v)))
         for deltas in comparisons.values():
             d = deltas.get(key)
             row.append("" if d is None else f"{d:+.1f} %")
@@ -173,6 +176,8 @@ def _summary_table(policies: dict[str, dict[str, Any]], comparisons: dict[str, d
 
 
 def run(args: argparse.Namespace) -> int:
+    from sim.cluster.lower_bound import lower_bound
+    from sim.engine import get_profile
     from sim.workload.generate import GenerateOptions, generate
     from sim.workload.trace import write_trace
 
@@ -181,6 +186,13 @@ def run(args: argparse.Namespace) -> int:
     report_dir: Path = args.report or Path(f"tao-report-{datetime.now():%Y%m%d-%H%M%S}")
     policies_to_run = [args.policy] + ([] if args.no_workload or args.compare in ("none", "") else [args.compare])
     sessions = generate(GenerateOptions(kind=args.workload, sessions=args.sessions, seed=args.seed))
+    # The no-contention lower bound of this trace on the replicas' engine model and profile.
+    try:
+        profile = get_profile(args.profile)
+    except (KeyError, ValueError):
+        print(f"tao up: unknown profile {args.profile!r}", file=sys.stderr)
+        return 2
+    bound = lower_bound(sessions, profile)
     tenants = tuple(sorted({s.tenant for s in sessions}))
     results: dict[str, DriverResult] = {}
     metrics: dict[str, dict[str, Any]] = {}
@@ -205,9 +217,13 @@ def run(args: argparse.Namespace) -> int:
                 console.print(f"[red]a process died:[/] {stack.failed()}")
                 return 1
             result = asyncio.run(_drive(addrs, sessions, args, policy, console))
-            preempt = asyncio.run(scrape_preemptions(addrs.replicas))
+            counters = asyncio.run(scrape_counters(addrs.replicas))  # a fresh stack: counted from 0
             results[policy] = result
-            metrics[policy] = metrics_of(result, preempt)
+            metrics[policy] = metrics_of(result, counters.preemptions, counters.busy_s)
+            done = [s.session_id for s in result.sessions if s.completed]
+            lb_mean = bound.mean_of(done)
+            metrics[policy]["latency_over_lower_bound"] = (
+                metrics[policy]["mean_task_latency_s"] / lb_mean if lb_mean > 0 and done else None)
             stack.stop()
             stack = None
         comparisons = {}
@@ -216,8 +232,12 @@ def run(args: argparse.Namespace) -> int:
         config = {"replicas": args.replicas, "profile": args.profile, "workload": args.workload,
                   "sessions": args.sessions, "time_scale": args.time_scale, "policies": policies_to_run,
                   "seed": args.seed, "budget": args.budget}
-        page = write_report(report_dir, config, metrics, results, comparisons)
+        page = write_report(report_dir, config, metrics, results, comparisons, lower_bound=bound.to_json())
         console.print(_summary_table(metrics, comparisons))
+        lb = bound.to_json()
+        console.print(f"no-contention lower bound ({args.profile}, each session alone, cache never evicted, tools at "
+                      f"trace duration): mean {lb['mean_task_latency_s']:.1f} s; latency_over_lower_bound = mean "
+                      f"task latency / that bound")
         console.print(f"report: {page}")
         return 0 if all(m["errors"] == 0 for m in metrics.values()) else 1
     except PortInUse as exc:

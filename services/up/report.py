@@ -27,9 +27,13 @@ def comparison(policies: Mapping[str, Mapping[str, Any]], main: str, baseline: s
 
 
 def write_report(out_dir: Path, config: dict[str, Any], policies: dict[str, dict[str, Any]],
-                 runs: Mapping[str, DriverResult], comparisons: dict[str, dict[str, float | None]]) -> Path:
+                 runs: Mapping[str, DriverResult], comparisons: dict[str, dict[str, float | None]],
+                 lower_bound: Mapping[str, Any] | None = None) -> Path:
+    """``lower_bound``: the trace's no-contention lower bound (``sim.cluster.lower_bound``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    summary = {"config": config, "policies": policies, "comparison": comparisons}
+    summary: dict[str, Any] = {"config": config, "policies": policies, "comparison": comparisons}
+    if lower_bound is not None:
+        summary["lower_bound"] = dict(lower_bound)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     latencies, series = {}, {}
     for name, result in runs.items():
@@ -58,6 +62,7 @@ img{{max-width:640px}}</style></head><body>
 <h1>TAO — tao up report</h1>
 <pre>{html.escape(json.dumps(config, indent=2))}</pre>
 <h2>Metrics (model seconds)</h2>
+{_bound_line(lower_bound)}
 <table><tr><th>policy</th>{''.join(f'<th>{html.escape(k)}</th>' for k in keys)}</tr>{''.join(rows)}</table>
 <h2>Improvement (positive = better)</h2>
 <table><tr><th>comparison</th>{comp_head}</tr>{''.join(comp_rows)}</table>
@@ -65,6 +70,14 @@ img{{max-width:640px}}</style></head><body>
 </body></html>"""
     (out_dir / "index.html").write_text(page)
     return out_dir / "index.html"
+
+
+def _bound_line(bound: Mapping[str, Any] | None) -> str:
+    if not bound:
+        return ""
+    return (f"<p>No-contention lower bound (each session alone on one replica of the engine model, cache never "
+            f"evicted, tools at trace duration): mean {float(bound['mean_task_latency_s']):.1f} s; "
+            f"latency_over_lower_bound = mean task latency / that bound.</p>")
 
 
 def _fmt(value: Any) -> str:

@@ -15,7 +15,8 @@ import pytest
 
 TAO = [sys.executable, "-m", "services.cli"]
 METRICS = {"mean_task_latency_s", "p90_task_latency_s", "mean_ttft_s", "mean_ttft_after_tool_s",
-           "decode_tokens_per_s", "prefix_hit_rate", "mean_pause_wait_s", "preemptions", "completed_sessions"}
+           "decode_tok_s_makespan", "decode_tok_s_busy", "prefix_hit_rate", "mean_pause_wait_s", "preemptions",
+           "completed_sessions", "latency_over_lower_bound"}
 
 
 def _children(pid: int) -> set[int]:
@@ -58,8 +59,12 @@ def test_tao_up_short_workload_writes_a_complete_report(tmp_path: Path) -> None:
     for name, metrics in summary["policies"].items():
         assert METRICS <= set(metrics), name
         assert metrics["completed_sessions"] == 4 and metrics["errors"] == 0, (name, metrics)
-        assert metrics["decode_tokens_per_s"] > 0 and metrics["mean_ttft_s"] > 0
+        assert metrics["decode_tok_s_makespan"] > 0 and metrics["mean_ttft_s"] > 0
+        # busy time from the emulated replicas' counter: Σ busy <= replicas x makespan
+        assert metrics["decode_tok_s_busy"] >= metrics["decode_tok_s_makespan"] / 2
+        assert metrics["latency_over_lower_bound"] >= 1.0
     assert "tao vs round_robin" in summary["comparison"]
+    assert summary["lower_bound"]["sessions"] == 4 and summary["lower_bound"]["mean_task_latency_s"] > 0
     for name in ("index.html", "latency_cdf.png", "throughput.png", "hit_rate.png", "trace.jsonl"):
         assert (report / name).stat().st_size > 0, name
     assert "data:image/png;base64," in (report / "index.html").read_text()
