@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from services.planner.core.model import Plan, Snapshot
@@ -42,9 +42,10 @@ from services.router.core.model import CoreConfig, NewRequest, PlanDecision, Rep
 from services.router.core.plans import PAUSE_DROPPED
 from services.router.core.snapshot import build_snapshot
 from services.router.core.state import RouterCore
+from sim.cluster.kv_events import with_kv_events
 from sim.cluster.metrics import RequestRecord, SessionRecord
 from sim.cluster.state import SimSession
-from sim.engine import ChainCache, Engine, EngineRequest, Profile, StepResult, get_profile
+from sim.engine import ChainCache, Engine, EngineRequest, Profile, StepResult, TokenContent, get_profile
 from sim.workload.trace import Session
 
 _ARRIVE, _STEP_DONE, _PROGRESS, _TOOL_END, _PLAN, _APPLY, _TICK = range(7)
@@ -84,7 +85,9 @@ class SimConfig:
 
 
 class _TimedPolicy:
-    """Wraps a policy so the router core's inline calls (per-request routing) are timed too."""
+    """Wraps a policy so the router core's inline calls (per-request routing) are timed too.
+    ``annotate`` (per-request policies: the replicas' KV events, see ``sim.cluster.kv_events``)
+    completes each snapshot before the policy sees it; it is not timed as planner work."""
 
     def __init__(self, policy: Policy) -> None:
         self.inner = policy
@@ -93,8 +96,11 @@ class _TimedPolicy:
         self.sticky = policy.sticky
         self.wall_s = 0.0
         self.calls = 0
+        self.annotate: Callable[[Snapshot], Snapshot] | None = None
 
     def plan(self, snapshot: Snapshot) -> Plan:
+        if self.annotate is not None:
+            snapshot = self.annotate(snapshot)
         t0 = time.perf_counter()
         plan = self.inner.plan(snapshot)
         self.wall_s += time.perf_counter() - t0
@@ -127,13 +133,13 @@ class RunResult:
     stalled: bool
     incomplete: list[str] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
+    busy_s: float = 0.0  # seconds the replicas spent executing engine steps, summed
 
 
 class ClusterSim:
     """One policy on one trace. ``run()`` once."""
 
     def __init__(self, sessions: Sequence[Session], policy: Policy, config: SimConfig,
-    busy_s: float = 0.0  # seconds the replicas spent executing engine steps, summed
                  uses_ground_truth: bool = False, profile: Profile | None = None) -> None:
         """``profile`` overrides ``config.profile`` (a profile object not in the engine registry);
         ``uses_ground_truth`` (or the policy's attribute of that name) gives the planner perfect
@@ -154,6 +160,9 @@ class ClusterSim:
             eng = Engine(profile, num_gpu_blocks=config.num_gpu_blocks, max_num_seqs=config.max_num_seqs)
             self.replicas.append(_Replica(f"r{k}", eng))
         self.rep_by_id = {r.id: r for r in self.replicas}
+        if not self.gating:  # a per-request router subscribes to the replicas' KV events
+            engines = {r.id: r.engine for r in self.replicas}
+            self.policy.annotate = lambda snap: with_kv_events(snap, self._held_prompt, engines)
         self._scrape(0.0)
         self.predictor = Predictor(PredictorConfig(exploration=ExplorationConfig(seed=config.seed)))
         self.horizon_s = self.predictor.cfg.horizon_s
@@ -226,6 +235,7 @@ class ClusterSim:
             preemptions=sum(r.engine.num_preemptions_total for r in self.replicas),
             planner_wall_s=self.policy.wall_s, plans=self.policy.calls, sim_end_s=self.now,
             stalled=stalled or bool(incomplete), incomplete=incomplete, counters=dict(self.counters),
+            busy_s=sum(r.engine.busy_time_s for r in self.replicas),
         )
 
     def _scrape(self, now: float) -> None:
@@ -235,7 +245,6 @@ class ClusterSim:
             self.core.upsert_replica(Replica(
                 id=r.id, url=f"sim://{r.id}", kv_capacity_tokens=eng.num_gpu_blocks * eng.block_size,
                 healthy=True, running=eng.num_running, waiting=eng.num_waiting,
-            busy_s=sum(r.engine.busy_time_s for r in self.replicas),
                 kv_cache_usage=eng.kv_cache_usage, prefix_hit_rate=min(1.0, r.hit_rate),
                 reports_cached_tokens=True,
             ), now)
@@ -249,6 +258,12 @@ class ClusterSim:
             s.start_s = self.now
             self.active[s.id] = s
             self._request_ready(s)
+
+    def _held_prompt(self, session_id: str) -> tuple[TokenContent, int] | None:
+        s = self.by_id.get(session_id)
+        if s is None or s.phase != "WAITING" or s.content is None:
+            return None
+        return s.content, s.prompt_tokens_of(s.turn)
 
     def _admitted(self, s: SimSession) -> bool:
         cs = self.core.sessions.get(s.id)

@@ -160,6 +160,20 @@ class Engine:
             return 0
         return self.pool.content_hit_count(content, max_blocks) * self.block_size
 
+    def resident_prefix_blocks(self, content: TokenContent, num_tokens: int) -> int:
+        """Leading full blocks of the first ``num_tokens`` tokens of ``content`` held in the
+        prefix cache now: what a KV-event subscriber (Dynamo's radix-tree indexer) knows of
+        this replica — a block counts from its ``stored`` event until its ``removed`` event
+        (eviction), whether or not a running request still references it. Read-only: no LRU
+        touch, no counters; unlike ``cached_prefix_tokens`` the last full block counts too
+        (the router matches every full block of the request, the scheduler recomputes one)."""
+        if not self.enable_prefix_caching:
+            return 0
+        num_blocks = num_tokens // self.block_size
+        if num_blocks <= 0:
+            return 0
+        return self.pool.content_hit_count(content, num_blocks)
+
     # ---------------------------------------------------------------- requests
     def add_request(self, request: EngineRequest) -> None:
         if request.request_id in self._by_id:

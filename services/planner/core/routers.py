@@ -9,16 +9,37 @@ what does not fit. They never pause. ``Plan.objective`` is still measured with T
 - ``least_loaded``: the healthy replica with the fewest requests (running + waiting from
   ``/metrics`` + requests this plan already sent there); ties by fewer used tokens, then id.
   Sees request counts.
-- ``cache_aware`` — NVIDIA Dynamo's KV router cost (docs "KV Router" / "Routing concepts":
-  ``cost = overlap_score_weight × prefill_blocks + decode_blocks``, lowest wins;
-  ``--kv-overlap-score-weight`` default 1.0, ``--router-temperature`` 0 = deterministic):
+- ``cache_aware`` — NVIDIA Dynamo's KV router cost (github.com/ai-dynamo/dynamo:
+  ``lib/llm/src/kv_router/scheduler.rs`` ``DefaultWorkerSelector::select_worker``, now
+  ``lib/kv-router/src/scheduling/selector.rs``; docs "KV Router" / "KV cache routing"):
+  ``logit = overlap_score_weight × potential_prefill_blocks + potential_decode_blocks``, lowest
+  wins; ``--kv-overlap-score-weight`` default 1.0, ``--router-temperature`` default 0 (no
+  softmax sampling: the minimum). Per replica:
     prefill_blocks = (input tokens − overlap blocks × block size) / block size,
     decode_blocks  = active blocks on the replica + blocks of this request.
-  Input tokens are the session's ``context_tokens`` (its next prompt; the footprint when
-  unknown); overlap = the session's best cache evidence k0 on that replica (Dynamo's radix
-  tree has no time decay), in whole blocks, capped at the input; active blocks =
-  ceil(used_tokens / block) plus what this plan already routed there. Dynamo picks randomly
-  among equal costs; we take fewer active blocks, then the lowest id.
+  *Overlap* is Dynamo's radix-tree match (``lib/llm/src/kv_router/indexer.rs``
+  ``RadixTree::find_matches``): the leading blocks of the request's chained block hashes that
+  the replica's KV events (vLLM ``BlockStored`` / ``BlockRemoved``) say it holds now — its
+  real prefix residency, shared prefixes of other sessions included, evicted blocks excluded,
+  no time decay. Here it is the session's strongest evidence k0 on the replica
+  (``raw_credit_matrix``: ``kv_events`` first), in whole blocks, capped at the input: a
+  snapshot built with KV events (the simulator's per-request router,
+  ``sim.cluster.kv_events``) carries exactly that overlap; without them (the live router,
+  which sees no KV events) the fallback is the router's usage evidence (``cached_tokens``,
+  then ``volume``), which cannot see shared prefixes and stays at the last context after
+  eviction. *Active blocks* are Dynamo's ``ActiveSequences`` count
+  (``lib/llm/src/kv_router/sequence.rs``): blocks of the requests routed to the replica and
+  not yet finished — not cached or reserved blocks. Here ceil(used_tokens / block): for
+  per-request (non-sticky) routing ``used_tokens`` sums the footprints of the sessions with a
+  request held-and-routed or in flight on the replica (each leaves at its request's end),
+  plus what this plan already routed there (Dynamo's ``add_request`` after each selection).
+  Input tokens are the session's ``context_tokens`` (the next prompt less its unknown
+  append; the footprint before any request completed).
+  Deviations, for want of snapshot fields: Dynamo dedups active blocks shared between
+  requests on a worker (``--router-assume-kv-reuse``) and, with
+  ``--router-track-prefill-tokens``, adds the worker's outstanding prefill tokens to the
+  prefill term; equal logits go to the worker with the smaller radix tree, then arbitrarily
+  (HashMap order) — here to fewer active blocks, then the lowest id.
 """
 
 from __future__ import annotations
