@@ -112,11 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     by_point: dict[str, dict[str, Any]] = {p.key: {} for p in points}
     for r in results:
         by_point[r["point"]][r["policy"]] = r["metrics"]
-    bounds: dict[str, dict[str, float]] = {}
+    bounds: dict[str, dict[str, float | int]] = {}
     max_turns = QUICK_MAX_TURNS if args.quick else None
     for p in points:  # cheap (an O(turns) pass per trace), so recomputed rather than checkpointed
-        bounds[p.key] = {k: float(v) for k, v in point_lower_bound(p, args.seed, max_turns).to_json().items()}
-        lb = bounds[p.key]["mean_task_latency_s"]
+        bounds[p.key] = point_lower_bound(p, args.seed, max_turns).to_json()
+        lb = float(bounds[p.key]["mean_task_latency_s"])
         for m in by_point[p.key].values():
             m["latency_over_lower_bound"] = float(m["mean_task_latency_s"]) / lb if lb > 0 else 0.0
     summary = grid_summary(by_point)

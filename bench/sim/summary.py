@@ -139,7 +139,7 @@ def ablation_table(key: str, policies: Mapping[str, Metrics]) -> Table | None:
 
 
 def lower_bound_table(points: Mapping[str, Mapping[str, Metrics]],
-                      bounds: Mapping[str, Mapping[str, float]]) -> Table:
+                      bounds: Mapping[str, Mapping[str, float | int]]) -> Table:
     """Mean task latency / the no-contention lower bound, every policy in every configuration."""
     names: list[str] = []
     for p in points.values():
@@ -155,7 +155,7 @@ def lower_bound_table(points: Mapping[str, Mapping[str, Metrics]],
         for n in names:
             r = p.get(n, {}).get("latency_over_lower_bound") if n in p else None
             cells.append("—" if r is None else f"{float(r):.2f}")
-        t.add_row(key, "—" if b is None else f"{b['mean_task_latency_s']:.1f}", *cells)
+        t.add_row(key, "—" if b is None else f"{float(b['mean_task_latency_s']):.1f}", *cells)
     return t
 
 

@@ -10,6 +10,7 @@ import pytest
 from bench.sim.__main__ import main as bench_main
 from bench.sim.__main__ import parse_scales
 from bench.sim.grid import GRID, MAIN_POLICIES
+from bench.sim.run import load_checkpoint
 from bench.sim.summary import gain_pct, grid_summary, point_summary
 
 
@@ -61,6 +62,19 @@ def test_quick_smoke_run_writes_json(tmp_path: Path) -> None:
     assert set(cfg["policies"]) == {"tao", "oracle", "thunderagent", "round_robin"}
     assert doc["summary"]["configurations"] == 1
     assert doc["machine"]["cpu_count"] >= 1 and doc["runtime_s"] > 0
+    assert cfg["lower_bound"]["sessions"] == cfg["sessions"] and cfg["lower_bound"]["mean_task_latency_s"] > 0
+    for m in cfg["policies"].values():
+        assert m["latency_over_lower_bound"] >= 1.0 and m["decode_tok_s_busy"] > 0
+
+
+def test_a_checkpoint_written_before_the_decode_rename_still_resumes(tmp_path: Path) -> None:
+    ck = tmp_path / "ck.jsonl"
+    old = {"point": "p", "policy": "tao", "sessions": 3, "metrics": {"mean_task_latency_s": 1.0,
+                                                                     "decode_tokens_per_s": 42.0}}
+    ck.write_text(json.dumps(old) + "\n")
+    (got,) = load_checkpoint(ck).values()
+    assert got["metrics"]["decode_tok_s_makespan"] == 42.0 and got["metrics"]["decode_tok_s_busy"] is None
+    assert "decode_tokens_per_s" not in got["metrics"]
 
 
 def test_sessions_scale_for_all_or_per_setup() -> None:
