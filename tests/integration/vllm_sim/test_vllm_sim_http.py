@@ -110,6 +110,8 @@ async def test_health_models_and_metrics(sim: RunningSim) -> None:
 
     assert value("vllm:request_success_total", finished_reason="length") == 1
     assert value("vllm:generation_tokens_total") == 4
+    # not vLLM's: model seconds spent in engine steps (4 steps of a 32B decode: tens of ms each)
+    assert 0.01 < value("tao_vllm_sim_busy_seconds_total") < 5.0
     assert value("vllm:prompt_tokens_total") == value("vllm:prefix_cache_queries_total") > 0
     assert value("vllm:time_to_first_token_seconds_count") == 1
     assert value("vllm:inter_token_latency_seconds_count") == 3
