@@ -31,6 +31,7 @@ from services.budget.core import (
     TenantConfig,
     TenantObservation,
 )
+from services.common.stats import percentile
 from sim.engine import Engine, EngineRequest, get_profile
 from sim.engine.tokens import SyntheticContent
 
@@ -76,7 +77,7 @@ class PolicyRun:
 
 
 def _p99(values: list[float]) -> float:
-    return float(np.percentile(values, 99)) if values else math.nan
+    return percentile(values, 99, empty=math.nan)
 
 
 def _config(scenario: Scenario) -> BudgetConfig:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from bench.planner.instances import random_snapshot
+from services.common.stats import percentile
 from services.planner.core import Plan, Policy, Snapshot, make_policy
 from services.planner.core.approx import relative_gap
 from services.planner.core.model import CreditEvidence, ReplicaState, SessionState
@@ -76,7 +77,7 @@ def _times(name: str, snaps: list[Snapshot]) -> tuple[list[float], list[Plan], l
 
 
 def _pct(xs: list[float], q: float) -> float:
-    return float(np.percentile(xs, q)) if xs else float("nan")
+    return percentile(xs, q, empty=float("nan"))
 
 
 def _settle() -> None:

@@ -27,6 +27,7 @@ from typing import Any
 
 import grpc
 
+from services.common.stats import percentile
 from services.common.testing import RedisServer, find_redis_binary, free_port, wait_until_serving
 from services.predictor.convert import event_to_proto
 from services.predictor.core import Predictor, ToolEvent
@@ -124,8 +125,8 @@ async def _unary_baseline(address: str, events: Sequence[ToolEvent], seconds: fl
 
 
 def _percentile(xs: Sequence[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
+    """``q`` in [0, 1]; linear interpolation (services.common.stats.percentile), nan when empty."""
+    return percentile(xs, q * 100.0, empty=float("nan"))
 
 
 def run(sessions: int, streams: int = 4, batch: int = 500, window: int = 4, seed: int = 5,

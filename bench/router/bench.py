@@ -52,9 +52,12 @@ import time
 import urllib.request
 from dataclasses import dataclass
 
-from bench.router.load import PhaseResult, percentile, run_open_phase, run_phase
+from bench.router.load import PhaseResult, run_open_phase, run_phase
 from bench.router.procs import Proc, cpu_seconds, start_replica, start_router
+from services.common.stats import percentile
 from services.common.testing import RedisServer, find_redis_binary
+
+NAN = float("nan")  # percentile of no samples
 
 TARGET_P50_MS, TARGET_P99_MS = 2.0, 10.0
 
@@ -115,8 +118,8 @@ class Row:
         chunks = self.result.chunks
         return {
             "requests": len(ok), "errors": self.result.errors,
-            "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
-            "gap_p99_ms": percentile(gaps, 99), "req_per_s": len(ok) / wall if wall else 0.0,
+            "ttft_p50_ms": percentile(ttft, 50, NAN), "ttft_p99_ms": percentile(ttft, 99, NAN),
+            "gap_p99_ms": percentile(gaps, 99, NAN), "req_per_s": len(ok) / wall if wall else 0.0,
             "chunks_per_s": chunks / wall if wall else 0.0,
             "mean_total_s": statistics.fmean(s.total_s for s in ok) if ok else float("nan"),
             "cpu_us_per_chunk": self.cpu_s / chunks * 1e6 if chunks and self.cpu_s else float("nan"),

@@ -51,16 +51,6 @@ class PhaseResult:
         return sum(s.chunks for s in self.ok)
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
 async def one_request(http: aiohttp.ClientSession, url: str, body: dict[str, object],
                       headers: dict[str, str], t0: float | None = None) -> Sample:
     """One request; latencies count from ``t0`` (perf_counter; default: now)."""

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from services.common.stats import percentile
+
 METRIC_KEYS: tuple[str, ...] = (
     "mean_task_latency_s",
     "p90_task_latency_s",
@@ -76,17 +78,6 @@ class SessionRecord:
     session_id: str
     start_s: float
     end_s: float
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolation percentile (numpy's default), q in [0, 100]; 0.0 when empty."""
-    if not values:
-        return 0.0
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def _mean(values: Sequence[float]) -> float:

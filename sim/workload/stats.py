@@ -6,18 +6,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from services.common.stats import percentile
 from sim.workload.trace import Session
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolation percentile, q in [0, 100]; 0.0 for an empty list."""
-    if not values:
-        return 0.0
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 @dataclass(frozen=True)
