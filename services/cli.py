@@ -23,7 +23,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("sim", "run"): ("sim.cluster.cli", "discrete-event comparison of placement policies"),
     ("planner", "solve"): ("services.planner.cli", "solve one snapshot JSON, print the plan"),
     ("predictor", "replay"): ("services.predictor.cli", "replay tool events, print prediction accuracy"),
-    ("bench", "e2e"): ("bench.e2e.cli", "drive a live stack (or any OpenAI endpoint) with a trace"),
+    ("bench", "e2e"): ("services.driver.cli", "drive a live stack (or any OpenAI endpoint) with a trace"),
     ("bench", "budget"): ("bench.budget.cli", "static vs dynamic tenant budget on the engine model"),
     ("check", "faults"): ("bench.faults.cli", "inject faults into a live stack and summarise survival"),
 }

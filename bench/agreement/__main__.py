@@ -25,9 +25,9 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.agreement.compare import COMPARED, agree, mean_metrics, spread_pct, to_json
-from bench.e2e.driver import DriverConfig, TraceDriver
-from bench.e2e.reporter_adapter import ReporterToolEvents
-from bench.e2e.results import measure
+from services.driver.driver import DriverConfig, TraceDriver
+from services.driver.reporter_adapter import ReporterToolEvents
+from services.driver.results import measure
 from services.planner.core.registry import POLICIES
 from services.up.stack import Stack, StackConfig
 from sim.cluster.runner import compare as sim_compare

@@ -211,7 +211,7 @@ async def kill_predictor(env: FaultEnv) -> ScenarioResult:
     """kill -9 the predictor while tool runners report to it: requests are still admitted
     (readiness from observed completions), the runners' buffered events are delivered after
     the restart, and no event acknowledged before the kill is lost."""
-    from bench.e2e.reporter_adapter import ReporterToolEvents
+    from services.driver.reporter_adapter import ReporterToolEvents
 
     res = ScenarioResult("kill_predictor")
     started = time.monotonic()

@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.e2e.driver import ToolEvents
+from services.driver.driver import ToolEvents
 
 RETRYABLE_STATUS = frozenset({502, 503, 504})
 

@@ -110,7 +110,7 @@ def _print_tick(tick: Tick, names: list[str]) -> None:
 
 
 async def _soak(args: argparse.Namespace, stack: Stack) -> dict[str, object]:
-    from bench.e2e.reporter_adapter import ReporterToolEvents
+    from services.driver.reporter_adapter import ReporterToolEvents
 
     addrs = stack.addresses
     assert addrs is not None

@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from bench.e2e.driver import DriverConfig, DriverResult, RequestResult, ToolEvents, TraceDriver
-from bench.e2e.results import metrics_of, scrape_counters
+from services.driver.driver import DriverConfig, DriverResult, RequestResult, ToolEvents, TraceDriver
+from services.driver.results import metrics_of, scrape_counters
 from services.up.procs import PortInUse
 from services.up.report import comparison, write_report
 from services.up.stack import Stack, StackAddresses, StackConfig
@@ -125,7 +125,7 @@ async def _drive(addrs: StackAddresses, sessions: list[Any], args: argparse.Name
                  console: Console) -> DriverResult:
     tools: ToolEvents | None = None
     with contextlib.suppress(ImportError):
-        from bench.e2e.reporter_adapter import ReporterToolEvents
+        from services.driver.reporter_adapter import ReporterToolEvents
 
         tools = ReporterToolEvents(addrs.predictor, time_scale=args.time_scale)
     stats = LiveStats(policy, len(sessions))

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bench.e2e.driver import DriverResult
-from bench.e2e.results import to_records
+from services.driver.driver import DriverResult
+from services.driver.results import to_records
 from sim.cluster.metrics import BETTER, time_series
 from sim.cluster.plots import write_plots
 from sim.cluster.report import improvement_pct

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.e2e.driver import DriverConfig, ToolEvents, TraceDriver
-from bench.e2e.results import measure
+from services.driver.driver import DriverConfig, ToolEvents, TraceDriver
+from services.driver.results import measure
 from sim.workload.trace import TraceError, load_trace
 
 
@@ -33,7 +33,7 @@ async def play(args: argparse.Namespace) -> dict[str, Any]:
     sessions = load_trace(args.trace)
     tools: ToolEvents | None = None
     if args.predictor:
-        from bench.e2e.reporter_adapter import ReporterToolEvents
+        from services.driver.reporter_adapter import ReporterToolEvents
 
         tools = ReporterToolEvents(args.predictor, time_scale=args.time_scale)
     config = DriverConfig(base_url=args.router.rstrip("/"), time_scale=args.time_scale,

@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.e2e.driver import DriverResult, TraceDriver
+from services.driver.driver import DriverResult, TraceDriver
 from sim.cluster.metrics import RequestRecord, SessionRecord, summarize
 from sim.workload.trace import Session
 
