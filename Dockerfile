@@ -9,6 +9,7 @@ COPY sim ./sim
 COPY bench ./bench
 COPY tao ./tao
 COPY protos ./protos
+# the runtime dependencies only: no `report` (matplotlib, rich) or `faults` (hypothesis) extra
 RUN pip install --no-cache-dir . && useradd --system --uid 10001 tao
 USER tao
 # gRPC: router admin 50051, planner 50052, predictor 50053, budget 50054; router HTTP 8080

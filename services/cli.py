@@ -3,7 +3,8 @@
 Command names are a public contract (docs/architecture.md#command-names). Each command lives in its own module
 exposing ``add_arguments(parser)`` and ``run(args) -> int``; the module is imported only
 when its command runs, so `tao health` does not pay for matplotlib and a broken optional
-command cannot break the others.
+command cannot break the others. A command that needs a missing optional extra (``report``,
+``faults``: services/common/extras.py) stops with one line naming the extra.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+
+from services.common.extras import MissingExtra, extra_of
 
 # (command words) -> (module, one-line help). Longest match wins.
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
@@ -53,14 +56,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tao: unknown command {' '.join(args[:2])!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module_name, help_text = COMMANDS[match]
-    module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog="tao " + " ".join(match), description=help_text)
-    module.add_arguments(parser)
-    ns = parser.parse_args(args[len(match):])
+    prog = "tao " + " ".join(match)
     try:
+        module = importlib.import_module(module_name)
+        parser = argparse.ArgumentParser(prog=prog, description=help_text)
+        module.add_arguments(parser)
+        ns = parser.parse_args(args[len(match):])
         return int(module.run(ns) or 0)
     except KeyboardInterrupt:
         return 130
+    except MissingExtra as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        # a module-level import of an optional extra that should have been lazy: still one line
+        extra = extra_of(exc.name)
+        if extra is None:
+            raise
+        print(f"{prog}: {MissingExtra(prog, extra, exc.name or extra)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import httpx
 from google.protobuf import message_factory
 from google.protobuf.message import Message
 
+from services.common.extras import require
 from tao.budget.v1 import budget_pb2
 from tao.planner.v1 import planner_pb2
 from tao.predictor.v1 import predictor_pb2
@@ -321,7 +322,8 @@ def fuzz_rpc(channel: grpc.Channel, t: RpcTarget, examples: int, tally: Tally,
     """Call ``t`` with ``examples`` hostile messages: arbitrary ones, or (``base``) one or two
     hostile edits away from that valid request. Rejected mutations must leave ``probe()``
     unchanged. ``strict``: raise AssertionError at the first crash, unexpected code or state
-    change (hypothesis then shrinks it to a minimal message)."""
+    change (hypothesis then shrinks it to a minimal message). Needs the 'faults' extra."""
+    require("faults", "gRPC fuzzing")
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
 

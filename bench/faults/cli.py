@@ -22,6 +22,7 @@ from typing import Any
 
 from bench.faults.env import MODEL, EnvConfig, FaultEnv
 from bench.faults.scenarios import SCENARIOS, ScenarioResult, stop_planner
+from services.common.extras import require
 
 BODY_LIMIT = 1 << 20
 
@@ -134,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"tao check faults: unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}", file=sys.stderr)
         return 2
+    if not args.no_bad_input:  # before any stack starts, not after the fault scenarios
+        require("faults", "tao check faults (gRPC fuzzing of the bad-input part; --no-bad-input skips it)")
     started = time.monotonic()
     print(f"tao check faults — {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"time scale {args.time_scale:g}")

@@ -12,17 +12,18 @@ import time
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
-
+from services.common.extras import require
 from services.driver.driver import DriverConfig, DriverResult, RequestResult, ToolEvents, TraceDriver
 from services.driver.results import metrics_of, scrape_counters
 from services.up.procs import PortInUse
 from services.up.report import comparison, write_report
 from services.up.stack import Stack, StackAddresses, StackConfig
+
+if TYPE_CHECKING:  # rich comes with the 'report' extra; imported where used
+    from rich.console import Console
+    from rich.table import Table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +82,8 @@ class LiveStats:
         self.ttft_sum += r.ttft_s or 0.0
 
     def table(self, driver: TraceDriver) -> Table:
+        from rich.table import Table
+
         elapsed = max(1e-6, time.monotonic() - self.started)
         t = Table(title=f"tao up — policy {self.policy} (times in model seconds)", show_header=True,
                   padding=(0, 1), collapse_padding=True)
@@ -123,6 +126,8 @@ async def _poll_control_plane(addrs: StackAddresses, stats: LiveStats) -> None:
 
 async def _drive(addrs: StackAddresses, sessions: list[Any], args: argparse.Namespace, policy: str,
                  console: Console) -> DriverResult:
+    from rich.live import Live
+
     tools: ToolEvents | None = None
     with contextlib.suppress(ImportError):
         from services.driver.reporter_adapter import ReporterToolEvents
@@ -154,6 +159,8 @@ async def _drive(addrs: StackAddresses, sessions: list[Any], args: argparse.Name
 
 
 def _summary_table(policies: dict[str, dict[str, Any]], comparisons: dict[str, dict[str, float | None]]) -> Table:
+    from rich.table import Table
+
     t = Table(title="TAO vs baseline (model seconds; improvement: positive = better)")
     keys = ["mean_task_latency_s", "p90_task_latency_s", "latency_over_lower_bound", "mean_ttft_s",
             "mean_ttft_after_tool_s", "decode_tok_s_makespan", "decode_tok_s_busy", "prefix_hit_rate",
@@ -176,6 +183,9 @@ def _summary_table(policies: dict[str, dict[str, Any]], comparisons: dict[str, d
 
 
 def run(args: argparse.Namespace) -> int:
+    require("report", "tao up (live view, report PNGs)")
+    from rich.console import Console
+
     from sim.cluster.lower_bound import lower_bound
     from sim.engine import get_profile
     from sim.workload.generate import GenerateOptions, generate

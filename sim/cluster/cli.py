@@ -8,8 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
+from services.common.extras import require
 from services.planner.core.registry import POLICIES
 from sim.cluster import oracle as _oracle  # noqa: F401  (registers "oracle")
 from sim.cluster.metrics import time_series
@@ -73,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
         sessions = load_trace(args.trace)
     except TraceError as exc:
         return _fail(str(exc))
+    require("report", "tao sim run (result tables, --plots)")
+    from rich.console import Console
+
     console = Console(stderr=True)
 
     def progress(o: PolicyOutcome) -> None:

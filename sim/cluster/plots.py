@@ -5,11 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display; must precede pyplot
-import matplotlib.pyplot as plt
-
+from services.common.extras import require
 from sim.cluster.metrics import SessionRecord, TimeSeries
 
 
@@ -19,7 +15,14 @@ def write_plots(
     series: Mapping[str, TimeSeries],
     title: str = "",
 ) -> list[Path]:
-    """Write latency_cdf.png, throughput.png, hit_rate.png into ``out_dir``; return the paths."""
+    """Write latency_cdf.png, throughput.png, hit_rate.png into ``out_dir``; return the paths.
+    Needs the 'report' extra (matplotlib)."""
+    require("report", "PNG plots")
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display; must precede pyplot
+    import matplotlib.pyplot as plt
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.table import Table
-
+from services.common.extras import require
 from sim.cluster.metrics import BETTER, METRIC_KEYS
+
+if TYPE_CHECKING:  # rich comes with the 'report' extra; the table functions import it
+    from rich.console import Console
+    from rich.table import Table
 
 BASELINES: tuple[str, ...] = ("round_robin", "least_loaded", "cache_aware", "thunderagent", "sjf")
 """Policies that are comparison points (not TAO or its ablations / the oracle)."""
@@ -69,6 +72,9 @@ def _fmt(key: str, v: float | int | None) -> str:
 
 
 def metrics_table(policies: Mapping[str, Metrics], title: str = "per-policy metrics") -> Table:
+    require("report", "result tables")
+    from rich.table import Table
+
     t = Table(title=title)
     t.add_column("policy")
     keys = [k for k in TABLE_KEYS if any(k in m for m in policies.values())]
@@ -93,6 +99,9 @@ def delta_table(policies: Mapping[str, Metrics]) -> Table | None:
     pairs = delta_pairs(list(policies))
     if not pairs:
         return None
+    require("report", "result tables")
+    from rich.table import Table
+
     t = Table(title="change vs baseline (latency, TTFT: negative is better; decode, hit rate: positive)")
     t.add_column("policy")
     t.add_column("vs")
@@ -122,6 +131,9 @@ def delta_table(policies: Mapping[str, Metrics]) -> Table | None:
 
 def print_report(policies: Mapping[str, Metrics], console: Console | None = None,
                  lower_bound: Mapping[str, float | int] | None = None) -> None:
+    require("report", "result tables")
+    from rich.console import Console
+
     console = console or Console()
     console.print(metrics_table(policies))
     if lower_bound:

@@ -1,0 +1,43 @@
+"""Optional extras of the package and the one-line error when a command needs a missing one.
+
+The services never need them. ``report`` (matplotlib, rich): `tao up`'s live view and report
+PNGs, `tao sim run`'s tables and plots. ``faults`` (hypothesis): the gRPC fuzzing of
+`tao check faults`. Code that needs one imports it inside the function that uses it, after
+``require(extra, feature)``; the `tao` console script prints a ``MissingExtra`` as one line.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+DISTRIBUTION = "tao-control-plane"
+
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "report": ("matplotlib", "rich"),
+    "faults": ("hypothesis",),
+}
+
+
+class MissingExtra(Exception):
+    """A command needs an optional extra that is not installed (deliberately not an
+    ImportError, so no ``suppress(ImportError)`` can make a feature silently disappear)."""
+
+    def __init__(self, feature: str, extra: str, module: str) -> None:
+        self.feature, self.extra, self.module = feature, extra, module
+        super().__init__(f"{feature} needs the '{extra}' extra ({module} is not installed): "
+                         f"pip install '{DISTRIBUTION}[{extra}]'")
+
+
+def extra_of(module: str | None) -> str | None:
+    """The extra that provides top-level ``module`` (or a submodule of it), else None."""
+    root = (module or "").split(".")[0]
+    return next((extra for extra, modules in EXTRAS.items() if root in modules), None)
+
+
+def require(extra: str, feature: str) -> None:
+    """Import every module of ``extra``; raise ``MissingExtra`` naming ``feature`` when one is missing."""
+    for module in EXTRAS[extra]:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise MissingExtra(feature, extra, module) from exc
