@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"tao check faults: unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}", file=sys.stderr)
         return 2
     if not args.no_bad_input:  # before any stack starts, not after the fault scenarios
-        require("faults", "tao check faults (gRPC fuzzing of the bad-input part; --no-bad-input skips it)")
+        require("faults", "the gRPC fuzzing of the bad-input part; --no-bad-input skips it")
     started = time.monotonic()
     print(f"tao check faults — {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"time scale {args.time_scale:g}")

@@ -24,7 +24,7 @@ class MissingExtra(Exception):
 
     def __init__(self, feature: str, extra: str, module: str) -> None:
         self.feature, self.extra, self.module = feature, extra, module
-        super().__init__(f"{feature} needs the '{extra}' extra ({module} is not installed): "
+        super().__init__(f"the '{extra}' extra is not installed ({module} missing; needed for {feature}): "
                          f"pip install '{DISTRIBUTION}[{extra}]'")
 
 

@@ -183,7 +183,7 @@ def _summary_table(policies: dict[str, dict[str, Any]], comparisons: dict[str, d
 
 
 def run(args: argparse.Namespace) -> int:
-    require("report", "tao up (live view, report PNGs)")
+    require("report", "the live view and the report PNGs")
     from rich.console import Console
 
     from sim.cluster.lower_bound import lower_bound

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         sessions = load_trace(args.trace)
     except TraceError as exc:
         return _fail(str(exc))
-    require("report", "tao sim run (result tables, --plots)")
+    require("report", "the result tables and --plots")
     from rich.console import Console
 
     console = Console(stderr=True)
