@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from services.predictor.core import EventType, ToolEvent
+from services.predictor.core import EventType, ToolEvent, parse_command
 from services.predictor.replay import CallResult, accuracy, replay, summary
 from services.predictor.synthetic import CLASSES, SyntheticLog, generate
 
@@ -60,14 +60,18 @@ def baseline_calls(events: Sequence[ToolEvent], kind: str) -> list[CallResult]:
 
 
 def by_class(log: SyntheticLog, calls: Sequence[CallResult]) -> dict[str, dict[str, Any]]:
+    """Accuracy per tool class, then test runs per runner (``(test: pytest)``) and outliers."""
     cls = {c.call_id: c for c in log.calls}
     groups: dict[str, list[CallResult]] = defaultdict(list)
     for c in calls:
         plan = cls[c.call_id]
         groups[plan.tool_class].append(c)
+        if plan.tool_class == "test":
+            groups[f"(test: {parse_command(plan.command).program})"].append(c)
         if plan.outlier:
             groups["(outliers, inside their classes)"].append(c)
-    return {k: accuracy(groups[k]) for k in [*CLASSES, "(outliers, inside their classes)"] if k in groups}
+    runners = sorted(k for k in groups if k.startswith("(test: "))
+    return {k: accuracy(groups[k]) for k in [*CLASSES, *runners, "(outliers, inside their classes)"] if k in groups}
 
 
 def run(sessions: int, seeds: Sequence[int], group_size: int = 4) -> dict[str, Any]:

@@ -53,6 +53,17 @@ Sources and judgement behind the numbers:
   SWE-bench's task counts as weights (django 850 of 2,294 tasks). A whole test module's
   tests belong to the repository (tasks on one repository running ``tests/test_io.py``
   run the same tests); a task's targeted tests are its own.
+* Test commands vary between runs of one target (judgement from SWE-agent / OpenHands
+  trajectories on SWE-bench: agents re-run the same test with other flags and often pipe
+  the output through ``tail``/``head`` to keep the observation short). Each target has the
+  agent's habitual spelling; with probability ``RESPELL_RATE`` (0.4) a run is spelled
+  afresh: other pytest flags (``-x -q``, ``-xvs``, ``-q --tb=short``, ``-v``) or runtests.py
+  options (``--verbosity 2``, ``--parallel 1``), and with probability ``PIPE_RATE`` (0.5) of
+  those ``2>&1 | tail -n 30``-style pipes, which hide pytest's ``[NN%]`` from the runner (no
+  fraction reports). A re-spelled run of a whole test module is narrowed with ``-k WORD``
+  with probability ``K_RATE`` (0.25): it runs the module's tests selected by that word
+  (about a fifth, the same ones for the same word), so its duration depends on the
+  selection. Flags and pipes do not change a run's duration (only what runs does).
 * Rare long outliers: 1.5 % of greps, tests, builds and ETA tools stall for 3–14× their
   normal duration at a random point (a lock, the network, a hung test); the harness kills
   anything past its timeout. They stay in their class and are flagged ``outlier``.
@@ -80,6 +91,14 @@ CLASS_WEIGHTS = {
 SWE_TIMEOUT_S = 25.0  # SWE-agent SWE_AGENT_ACTION_TIMEOUT default (exposed as deadline_s)
 CLAUDE_TIMEOUT_S = 120.0  # Claude Code Bash default timeout (exposed as deadline_s)
 OUTLIER_RATE = 0.015
+# test runs spelled unlike the agent's habit for that target; of those, piped through tail/head;
+# re-spelled whole-module pytest runs narrowed with -k (module docstring, judgement)
+RESPELL_RATE = 0.4
+PIPE_RATE = 0.5
+K_RATE = 0.25
+_PYTEST_FLAGS = (("-x -q", "file"), ("-xvs", "verbose"), ("-q --tb=short", "file"), ("-v", "verbose"))
+_RUNTESTS_OPTS = (" --verbosity 2", " --parallel 1", " --verbosity 2 --parallel 1", "")
+_PIPES = (" 2>&1 | tail -n 30", " 2>&1 | tail -50", " 2>&1 | head -100")
 
 # SWE-bench's 12 repositories: (name, tasks in SWE-bench — the sampling weight, grep scale,
 # test start-up seconds (imports, collection, django's test DB), median seconds per test,
@@ -146,11 +165,14 @@ class ToolCallPlan:
 class _Target:
     """A test command: start-up, the cost of each test it runs, how pytest reports progress."""
 
-    command: str
+    command: str  # the agent's habitual spelling
     startup_s: float
     test_costs_s: tuple[float, ...]
     fixed_factor: float  # tests' cost multiplier once the agent's fix is in
     progress: str  # "verbose" ([NN%] per test, -v), "file" ([NN%] per file line, -q), "none"
+    base: str = ""  # the command without flags: `python -m pytest tests/test_io.py`
+    pytest: bool = True
+    broad: bool = False
 
 
 @dataclass(slots=True)
@@ -195,12 +217,14 @@ def _make_target(rng: random.Random, repo: tuple[str, int, float, float, float, 
     start = _lognormal(own, startup, 0.3)
     if name == "django":  # unittest runner: dots / test names, no percentages
         label = f"{mod}_tests" if broad else f"{mod}_tests.tests.{fn.title()}Tests.test_{fn}_{index}"
-        return _Target(f"python tests/runtests.py {label} --verbosity 2", start, costs,
-                       _lognormal(rng, 1.0, 0.15), "none")  # fmt: skip
+        base = f"python tests/runtests.py {label}"
+        return _Target(f"{base} --verbosity 2", start, costs, _lognormal(rng, 1.0, 0.15), "none", base, False,
+                       broad)  # fmt: skip
     flags = rng.choice([("-x -q", "file"), ("-xvs", "verbose"), ("-q --tb=short", "file"), ("-v", "verbose")])
     target = f"{where}/test_{mod}.py" + ("" if broad else f"::test_{fn}_{index}")
-    return _Target(f"python -m pytest {target} {flags[0]}", start, costs,
-                   _lognormal(rng, 1.0, 0.15), flags[1])  # fmt: skip
+    base = f"python -m pytest {target}"
+    return _Target(f"{base} {flags[0]}", start, costs, _lognormal(rng, 1.0, 0.15), flags[1], base, True,
+                   broad)  # fmt: skip
 
 
 def _make_task(rng: random.Random, index: int) -> _Task:
@@ -215,18 +239,43 @@ def _make_task(rng: random.Random, index: int) -> _Task:
                  _lognormal(rng, 4.0, 0.5), 8000 + rng.randrange(100), files)  # fmt: skip
 
 
-def _test_run(rng: random.Random, target: _Target, fixed: bool) -> tuple[float, list[ProgressReport]]:
-    """Duration and the runner's reports of one run: pytest prints ``[NN%]`` after each test
-    (-v) or after each file's line of dots (-q; a targeted run is one file, so one line at
-    the end of the tests); the runner forwards them at most once a second."""
+def _spell(rng: random.Random, target: _Target) -> tuple[str, str, tuple[float, ...]]:
+    """(command, progress mode, costs of the tests it runs) of one run of ``target``: the
+    habitual spelling, or with ``RESPELL_RATE`` other flags, maybe a pipe (no progress), maybe
+    ``-k`` on a whole module (module docstring)."""
+    if rng.random() >= RESPELL_RATE:
+        return target.command, target.progress, target.test_costs_s
+    costs = target.test_costs_s
+    if target.pytest:
+        flags, progress = rng.choice(_PYTEST_FLAGS)
+        sel = ""
+        if target.broad and rng.random() < K_RATE:
+            word = rng.choice(_WORDS)
+            pick = random.Random(f"{target.base} -k {word}")  # the same word selects the same tests
+            costs = tuple(c for c in costs if pick.random() < 0.2) or costs[:1]
+            sel = f" -k {word}"
+        command = f"{target.base}{sel} {flags}"
+    else:
+        command, progress = target.base + rng.choice(_RUNTESTS_OPTS), "none"
+    if rng.random() < PIPE_RATE:
+        command, progress = command + rng.choice(_PIPES), "none"  # the pipe holds the output back
+    return command, progress, costs
+
+
+def _test_run(rng: random.Random, target: _Target, fixed: bool, progress: str,
+              costs: tuple[float, ...]) -> tuple[float, list[ProgressReport]]:  # fmt: skip
+    """Duration and the runner's reports of one run of ``costs`` (the tests it runs): pytest
+    prints ``[NN%]`` after each test (-v) or after each file's line of dots (-q; a targeted
+    run is one file, so one line at the end of the tests); the runner forwards them at most
+    once a second."""
     factor = (target.fixed_factor if fixed else 1.0) * _lognormal(rng, 1.0, 0.05)
     t = target.startup_s * _lognormal(rng, 1.0, 0.05)
     reports: list[ProgressReport] = []
     last = -math.inf
-    n = len(target.test_costs_s)
-    for i, cost in enumerate(target.test_costs_s, start=1):
+    n = len(costs)
+    for i, cost in enumerate(costs, start=1):
         t += cost * factor
-        if target.progress == "verbose" or (target.progress == "file" and i == n):
+        if progress == "verbose" or (progress == "file" and i == n):
             if t - last >= 1.0:
                 reports.append(ProgressReport(t, fraction=round(i / n, 4)))
                 last = t
@@ -305,8 +354,9 @@ def _call(rng: random.Random, ctx: _SessionCtx, cls: str) -> tuple[str, float, l
         return cmd, _lognormal(rng, 0.015, 0.5), []
     if cls == "test":
         target = rng.choice(task.targets[:-1]) if rng.random() < 0.8 else task.targets[-1]
-        d, reports = _test_run(rng, target, fixed=ctx.step > 0.6 * ctx.steps)
-        return target.command, d, reports
+        command, progress, costs = _spell(rng, target)
+        d, reports = _test_run(rng, target, ctx.step > 0.6 * ctx.steps, progress, costs)
+        return command, d, reports
     if cls == "sleep":
         if rng.random() < 0.1:
             cmd = f"until curl -s localhost:{task.port}/health > /dev/null; do sleep 1; done"

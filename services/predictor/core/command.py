@@ -14,6 +14,16 @@
   A timed sleep counts as ``min(sleep, N)``.
 * ``program`` — a family name for history (``pytest`` for ``python -m pytest``, ``make``,
   ``grep``; basename of a path).
+* ``target`` and ``scope`` — for test runners only (``""`` otherwise, see ``test_target``):
+  ``target`` is the runner with what it runs — paths, node ids, packages, names, and the
+  options that select tests (``-k``/``-m``, ``--lf``, ``-run``, ``-t``, ``-e``…) — with
+  output and reporting options dropped, so ``pytest tests/a.py -x -q`` and
+  ``python -m pytest tests/a.py -v 2>&1 | tail -30`` share a key; ``scope`` keeps only the
+  kind of each target (``node``, ``file``, ``dir``, dotted ``name1``…``name4``, ``all``),
+  their count (1, 2, 3+) and the selection options' names: a single test, a file and the
+  whole suite take very different times, whatever the test. ``place`` is the directories
+  the path targets are in (``tests/unit`` for ``tests/unit/test_a.py::test_x``; ``""`` when
+  none): the same kind of target in the same test package shares start-up and fixtures.
 * ``exact`` and ``shape`` — normalised command text (tokens joined by one space, leading
   ``cd DIR &&`` dropped); ``shape`` additionally masks numbers so ``sleep 5 && curl :8000``
   and ``sleep 10 && curl :8001`` share a key. These feed the history fingerprints.
@@ -50,6 +60,9 @@ class ParsedCommand:
     program: str
     exact: str
     shape: str
+    target: str = ""
+    scope: str = ""
+    place: str = ""
 
 
 def parse_duration_s(text: str) -> float | None:
@@ -143,6 +156,7 @@ class _SegmentInfo:
     timeout_s: float | None
     instant: bool
     program: str
+    target: tuple[str, str, str] = ("", "", "")  # (target, scope, place) of a test runner (test_target)
 
 
 def _program_of(words: list[str]) -> str:
@@ -164,6 +178,201 @@ def _program_of(words: list[str]) -> str:
             return f"{head} {rest[1].rsplit('/', 1)[-1]}"
         return f"{head} {rest[0]}" if rest else head
     return head
+
+
+# ---- test runners: what a test command runs (its target) -------------------------------
+
+@dataclass(frozen=True, slots=True)
+class _RunnerSpec:
+    """How one family of test runners spells what it runs. Options in ``keep_value`` /
+    ``keep_flag`` select tests (kept in the key); options in ``skip_value`` take a value that
+    is not a target (dropped with it); every other option is dropped (output, reporting)."""
+
+    keep_value: frozenset[str] = frozenset()
+    keep_flag: frozenset[str] = frozenset()
+    skip_value: frozenset[str] = frozenset()
+    #: one-letter options whose value may be glued on (``-kfoo``, ``-n4``)
+    short_value: frozenset[str] = frozenset()
+    #: positional arguments are paths (pytest, jest), not dotted labels or name filters
+    paths: bool = False
+
+
+_PYTEST = _RunnerSpec(
+    keep_value=frozenset({"-k", "-m", "-n", "--numprocesses", "--deselect", "--ignore", "--ignore-glob",
+                          "--count", "--maxfail", "--dist"}),
+    keep_flag=frozenset({"--lf", "--last-failed", "--ff", "--failed-first", "--sw", "--stepwise", "--nf",
+                         "--new-first", "--co", "--collect-only", "--runxfail", "--pdb"}),
+    skip_value=frozenset({"-p", "-c", "-o", "-W", "-r", "--tb", "--durations", "--rootdir", "--basetemp",
+                          "--junitxml", "--junit-xml", "--cov", "--cov-report", "--cov-config", "--log-level",
+                          "--log-cli-level", "--log-file", "--timeout", "--confcutdir", "--color", "--capture",
+                          "--import-mode", "--override-ini", "--verbosity", "--settings", "--parallel",
+                          "--show-capture", "--durations-min", "--seed", "--random-order-seed"}),
+    short_value=frozenset({"k", "m", "n", "p", "c", "o", "W", "r"}),
+    paths=True,
+)  # fmt: skip
+_GO = _RunnerSpec(
+    keep_value=frozenset({"-run", "-skip", "-bench", "-count", "-tags", "-p", "-parallel", "-short", "-race"}),
+    keep_flag=frozenset({"-short", "-race", "-cover"}),
+    skip_value=frozenset({"-timeout", "-coverprofile", "-o", "-exec", "-json", "-covermode", "-coverpkg",
+                          "-benchtime", "-cpu", "-outputdir", "-cpuprofile", "-memprofile"}),
+)  # fmt: skip
+_CARGO = _RunnerSpec(
+    keep_value=frozenset({"-p", "--package", "--test", "--bench", "--bin", "--example", "--features", "-F",
+                          "--test-threads", "--skip"}),
+    keep_flag=frozenset({"--lib", "--doc", "--bins", "--tests", "--workspace", "--all", "--release",
+                         "--all-features", "--no-default-features", "--exact", "--ignored", "--include-ignored"}),
+    skip_value=frozenset({"--manifest-path", "--target", "--target-dir", "-j", "--jobs", "--color",
+                          "--message-format", "-Z", "--format", "--profile"}),
+)  # fmt: skip
+_JS = _RunnerSpec(
+    keep_value=frozenset({"-t", "--testNamePattern", "--testPathPattern", "--grep", "-g", "--project",
+                          "--shard", "-w", "--maxWorkers", "--spec", "--selectProjects"}),
+    keep_flag=frozenset({"--runInBand", "-i", "--onlyChanged", "-o", "--changedSince", "--coverage", "--watchAll",
+                         "--ci", "--bail", "--onlyFailures", "-f"}),
+    skip_value=frozenset({"--reporter", "--reporters", "--config", "-c", "--timeout", "--testTimeout",
+                          "--outputFile", "--cacheDirectory", "--rootDir", "--prefix", "--workspace",
+                          "--filter", "--env", "--require", "-r"}),
+    paths=True,
+)  # fmt: skip
+_TOX = _RunnerSpec(
+    keep_value=frozenset({"-e", "--env", "-s", "--session", "-k", "-m", "--deselect"}),
+    keep_flag=frozenset({"-r", "--recreate", "--lf", "--last-failed"}),
+    skip_value=frozenset({"-c", "--conf", "--workdir", "-x", "--override", "--installpkg", "-p", "--parallel",
+                          "--result-json", "-f", "--noxfile", "--tb"}),
+    short_value=frozenset({"e", "s", "k", "m"}),
+)  # fmt: skip
+_GENERIC = _RunnerSpec(
+    keep_value=frozenset({"-k", "-m", "-e", "--tag", "--tags", "--filter", "--example", "-R", "-L",
+                          "--tests-regex", "--label-regex", "--group", "--testsuite"}),
+    keep_flag=frozenset({"--failfast", "--reverse", "--only-failures", "--next-failure"}),
+    skip_value=frozenset({"--settings", "--parallel", "--verbosity", "-v", "--format", "-f", "--out", "-o",
+                          "--require", "-r", "--seed", "--configuration", "-c", "--bootstrap", "--log-junit",
+                          "-j", "--parallel-level", "--output-on-failure", "-C", "--build-config", "--test-dir",
+                          "--timeout", "--noinput", "--buffer", "-p", "--pattern", "-s", "--start-directory",
+                          "-t", "--top-level-directory"}),
+    short_value=frozenset({"k", "e"}),
+)  # fmt: skip
+
+# program (after ``python -m`` / ``npx`` / ``uv run`` …) -> its family
+_TEST_PROGRAMS: dict[str, _RunnerSpec] = {
+    "pytest": _PYTEST, "py.test": _PYTEST,
+    "jest": _JS, "vitest": _JS, "mocha": _JS, "ava": _JS, "jasmine": _JS, "karma": _JS, "playwright": _JS,
+    "tox": _TOX, "nox": _TOX,
+    "unittest": _GENERIC, "nose2": _GENERIC, "nosetests": _GENERIC, "trial": _GENERIC, "green": _GENERIC,
+    "rspec": _GENERIC, "phpunit": _GENERIC, "ctest": _GENERIC, "runtests.py": _GENERIC,
+}  # fmt: skip
+# wrappers that run another program: `uv run pytest`, `npx jest`, `poetry run tox`, `bundle exec rspec`
+_WRAPPERS = {"uv", "uvx", "poetry", "pipenv", "hatch", "pdm", "conda", "mamba", "pixi", "rye", "npx", "pnpx", "bunx",
+             "pnpm", "yarn", "npm", "bun", "bundle"}  # fmt: skip
+_WRAPPER_VERBS = {"run", "exec", "x", "dlx"}
+_SCRIPT_TEST = {"test", "tests", "unit", "test:unit", "t"}  # `npm test`, `yarn test`, `npm run test:unit`
+_PY_PATH_RE = re.compile(r"\.(py|js|jsx|ts|tsx|mjs|cjs|rb|go|rs|php|java|kt|c|cc|cpp)$")
+_NON_TARGET = re.compile(r"^-?\d+(\.\d+)?$")  # a bare number is an option's value, never a target
+
+
+def _test_runner(words: list[str], depth: int = 0) -> tuple[str, list[str], _RunnerSpec] | None:
+    """(runner name, its arguments, its family) when ``words`` run a test runner, else None."""
+    if not words or depth > 3:
+        return None
+    head = words[0].rsplit("/", 1)[-1]
+    if _PYTHON_RE.match(head):
+        j = 1
+        while j < len(words) and words[j].startswith("-") and words[j] not in ("-m", "-c"):
+            j += 2 if words[j] in ("-W", "-X") else 1
+        if j >= len(words) or words[j] == "-c":
+            return None
+        if words[j] == "-m":
+            return _test_runner(words[j + 1 :], depth + 1)
+        return _test_runner(words[j:], depth + 1)  # a script: `python tests/runtests.py …`
+    spec = _TEST_PROGRAMS.get(head)
+    if spec is not None:
+        return head, words[1:], spec
+    if head == "manage.py" and words[1:2] == ["test"]:
+        return "manage.py test", words[2:], _GENERIC
+    if head in ("go", "cargo") and len(words) > 1:
+        k = next((i for i in range(1, len(words)) if not words[i].startswith("-")), None)
+        if k is not None and words[k] == "test":
+            return f"{head} test", words[k + 1 :], _GO if head == "go" else _CARGO
+        if k is not None and head == "cargo" and words[k] == "nextest" and words[k + 1 : k + 2] == ["run"]:
+            return "cargo nextest", words[k + 2 :], _CARGO
+        return None
+    if head in _WRAPPERS and len(words) > 1:
+        k = 1
+        while k < len(words) and words[k].startswith("-"):
+            k += 1
+        if k >= len(words):
+            return None
+        verb = words[k]
+        if head in ("npm", "yarn", "pnpm", "bun") and verb in _SCRIPT_TEST:
+            return f"{head} test", words[k + 1 :], _JS
+        if verb in _WRAPPER_VERBS and k + 1 < len(words):
+            nxt = words[k + 1]
+            if head in ("npm", "yarn", "pnpm", "bun") and nxt in _SCRIPT_TEST:
+                return f"{head} test", words[k + 2 :], _JS
+            inner = words[k + 1 :]
+            while inner and inner[0].startswith("-"):  # `conda run -n env pytest`: options (and a value)
+                inner = inner[2:] if inner[0] in ("-n", "--name", "-p", "--prefix", "--with") else inner[1:]
+            return _test_runner(inner, depth + 1)
+        if head in ("npx", "pnpx", "bunx", "uvx", "yarn", "pnpm", "bun"):
+            return _test_runner(words[k:], depth + 1)
+    return None
+
+
+def _norm_path(t: str) -> str:
+    while t.startswith("./") and len(t) > 2:
+        t = t[2:]
+    return t.rstrip("/") if len(t) > 1 else t
+
+
+def _target_kind(t: str, paths: bool) -> str:
+    if "::" in t:
+        return "node"
+    if _PY_PATH_RE.search(t):
+        return "file"
+    if paths or "/" in t or t in (".", "..") or t.endswith("..."):
+        return "dir"
+    return f"name{min(4, t.count('.') + 1)}"  # dotted labels: app, module, class, test
+
+
+def test_target(words: list[str]) -> tuple[str, str, str]:
+    """(target, scope, place) of a simple command that runs a test runner; ("", "", "")
+    otherwise (module docstring). ``words``: one command's words, prefixes and redirections
+    removed."""
+    found = _test_runner(words)
+    if found is None:
+        return "", "", ""
+    runner, args, spec = found
+    targets: list[str] = []
+    kinds: set[str] = set()
+    selects: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        i += 1
+        if a == "--" or a == "":
+            continue
+        if not a.startswith("-") or a == "-":
+            if not _NON_TARGET.match(a):
+                targets.append(_norm_path(a))
+                kinds.add(_target_kind(a, spec.paths))
+            continue
+        name, eq, value = a.partition("=")
+        if not eq and not a.startswith("--") and len(a) > 2 and a[1] in spec.short_value:
+            name, eq, value = a[:2], "=", a[2:]  # -kfoo, -n4
+        if name in spec.keep_value:
+            if not eq and i < len(args):
+                value, i = args[i], i + 1
+            selects.append(f"{name}={value}")
+        elif name in spec.keep_flag:
+            selects.append(name)
+        elif name in spec.skip_value and not eq and i < len(args) and not args[i].startswith("-"):
+            i += 1
+    uniq = sorted(set(targets))
+    target = " ".join([runner, *uniq, *selects])[:512]
+    names = sorted({s.split("=", 1)[0] for s in selects})
+    scope = " ".join([runner, "+".join(sorted(kinds)) or "all", f"n{min(3, len(uniq))}", *names])[:256]
+    dirs = sorted({t.split("::", 1)[0].rsplit("/", 1)[0] for t in uniq if "/" in t})
+    return target, scope, " ".join(dirs)[:256]
 
 
 def _segment(words: list[str], depth: int) -> _SegmentInfo:
@@ -198,15 +407,15 @@ def _segment(words: list[str], depth: int) -> _SegmentInfo:
         sleep = inner.sleep_s
         capped = limit if sleep is None else min(sleep, limit)
         t = limit if inner.timeout_s is None else min(limit, inner.timeout_s)
-        return _SegmentInfo(capped, t, False, inner.program)
+        return _SegmentInfo(capped, t, False, inner.program, inner.target)
     if head in _SHELLS and depth < 3 and "-c" in words[1:]:
         j = words.index("-c", 1)
         if j + 1 < len(words):
             sub = _analyse(words[j + 1], depth + 1)
-            return _SegmentInfo(sub.sleep_s, sub.timeout_s, False, sub.program or head)
+            return _SegmentInfo(sub.sleep_s, sub.timeout_s, False, sub.program or head, sub.target)
     if head in _INSTANT:
         return _SegmentInfo(0.0, None, True, "")
-    return _SegmentInfo(0.0, None, False, _program_of(words))
+    return _SegmentInfo(0.0, None, False, _program_of(words), test_target(words))
 
 
 def _split(tokens: list[str]) -> list[tuple[str, list[list[str]], str]]:
@@ -232,6 +441,7 @@ class _Analysis:
     timeout_s: float | None
     program: str
     text: str
+    target: tuple[str, str, str] = ("", "", "")
 
 
 def _analyse(command: str, depth: int) -> _Analysis:
@@ -257,13 +467,16 @@ def _analyse(command: str, depth: int) -> _Analysis:
     timeouts: list[float] = []
     blocking = 0
     program = ""
+    target: tuple[str, str, str] = ("", "", "")
     saw_sleep = False
     saw_sleep_program = False
     for before, members, after in segments:
         infos = [_segment(m, depth) for m in members if m]
         saw_sleep_program = saw_sleep_program or any(i.program == "sleep" for i in infos)
         if not program:
-            program = next((i.program for i in infos if i.program and i.program != "sleep"), "")
+            first = next((i for i in infos if i.program and i.program != "sleep"), None)
+            if first is not None:
+                program, target = first.program, first.target
         if all(i.instant for i in infos):
             continue
         blocking += 1
@@ -287,7 +500,7 @@ def _analyse(command: str, depth: int) -> _Analysis:
     if sleep_total is None and not loop:
         sleep = None
     timeout = timeouts[0] if (len(timeouts) == 1 and blocking == 1) else None
-    return _Analysis(sleep, timeout, program, text)
+    return _Analysis(sleep, timeout, program, text, target)
 
 
 def mask_numbers(text: str) -> str:
@@ -307,7 +520,8 @@ def _simple(command: str) -> ParsedCommand | None:
     if not core or core[0].rsplit("/", 1)[-1] in _INSTANT or core[0] in _LOOP_WORDS:
         return None
     exact = " ".join(words)[:512]
-    return ParsedCommand(None, None, _program_of(core)[:64], exact, mask_numbers(exact))
+    target, scope, place = test_target(core)
+    return ParsedCommand(None, None, _program_of(core)[:64], exact, mask_numbers(exact), target, scope, place)
 
 
 def parse_command(command: str) -> ParsedCommand:
@@ -323,4 +537,7 @@ def parse_command(command: str) -> ParsedCommand:
         program=a.program[:64],
         exact=exact,
         shape=mask_numbers(exact),
+        target=a.target[0],
+        scope=a.target[1],
+        place=a.target[2],
     )

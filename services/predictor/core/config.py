@@ -56,6 +56,11 @@ class PredictorConfig:
     min_samples_session_command: int = 2
     min_samples_command: int = 1
     min_samples_shape: int = 2
+    #: test runs: the same target with other flags; the same kind of target in the same
+    #: directories; the same kind of target anywhere (then the program)
+    min_samples_target: int = 1
+    min_samples_place: int = 2
+    min_samples_scope: int = 3
     min_samples_program: int = 3
     min_samples_tool: int = 3
     min_samples_global: int = 5

@@ -24,7 +24,15 @@ Order, strongest first:
    the command's shape, else of all sleep commands, else ``sleep_residual_default_s``.
 4. **History** (robust, see history.py), most specific level with enough samples: the same
    command earlier in the same session, the exact command (any session), the command
-   shape (numbers masked), the program, the tool name; then **global**. The session level
+   shape (numbers masked), for test runners the **target** (what runs: paths, node ids,
+   ``-k``/``-m`` selections, packages — output flags and pipes ignored, so
+   ``pytest tests/a.py -x -q`` and ``python -m pytest tests/a.py -v | tail`` share it) and the
+   **scope** (the kind of target: one test, a file, a directory, the whole suite, a ``-k``
+   selection) first in the target's directories (**place**), then anywhere, the program,
+   the tool name; then **global**. The program level alone mixes a 0.5 s single-test run
+   with a 60 s suite run of the same runner; the test levels sit between the shape and the
+   program and need ``min_samples_target`` / ``_place`` / ``_scope`` samples, so a new
+   target backs off to its place, its scope, then to the program, as before. The session level
    comes first because the same command in another session may run in another repository
    or machine (``pytest tests/test_io.py -q`` means different work in different repos),
    while a session re-running a command is the most common agent pattern (reproduce, fix,
@@ -69,6 +77,10 @@ class CommandInfo:
     #: the shape differs from the exact command (it has numbers): the shape level adds something
     shape_differs: bool
     key_program: str
+    #: test runners only ("" otherwise): the target and the scope levels
+    key_target: str
+    key_place: str
+    key_scope: str
     key_tool: str
     key_residual: str
     key_deadline: str
@@ -135,6 +147,9 @@ class Estimator:
             (Evidence.SESSION_COMMAND_HISTORY, c.min_samples_session_command),
             (Evidence.COMMAND_HISTORY, c.min_samples_command),
             (Evidence.SHAPE_HISTORY, c.min_samples_shape),
+            (Evidence.TARGET_HISTORY, c.min_samples_target),
+            (Evidence.PLACE_HISTORY, c.min_samples_place),
+            (Evidence.SCOPE_HISTORY, c.min_samples_scope),
             (Evidence.PROGRAM_HISTORY, c.min_samples_program),
             (Evidence.TOOL_HISTORY, c.min_samples_tool),
             (Evidence.GLOBAL_HISTORY, c.min_samples_global),
@@ -160,6 +175,9 @@ class Estimator:
             key_shape="s:" + shape_h,
             shape_differs=p.shape != p.exact,
             key_program=f"p:{tool}\x1f{p.program}",
+            key_target="tg:" + _h(tool, p.target) if p.target else "",
+            key_place="pl:" + _h(tool, p.scope, p.place) if p.place else "",
+            key_scope="sc:" + _h(tool, p.scope) if p.scope else "",
             key_tool="t:" + tool,
             key_residual="r:" + shape_h,
             key_deadline="d:" + tool,
@@ -177,6 +195,12 @@ class Estimator:
             return info.key_command
         if level is Evidence.SHAPE_HISTORY:
             return info.key_shape
+        if level is Evidence.TARGET_HISTORY:
+            return info.key_target
+        if level is Evidence.PLACE_HISTORY:
+            return info.key_place
+        if level is Evidence.SCOPE_HISTORY:
+            return info.key_scope
         if level is Evidence.PROGRAM_HISTORY:
             return info.key_program
         if level is Evidence.TOOL_HISTORY:
@@ -246,7 +270,10 @@ class Estimator:
         for level, min_samples in self._levels:
             if level is Evidence.SHAPE_HISTORY and not info.shape_differs:
                 continue  # same samples as the command level
-            hist = h.get(self._level_key(info, level, session_id))
+            key = self._level_key(info, level, session_id)
+            if not key:
+                continue  # not a test run: no target / scope level
+            hist = h.get(key)
             if hist is None or len(hist) < min_samples:
                 continue
             if elapsed_s <= 0.0:
@@ -275,6 +302,11 @@ class Estimator:
             h.add(info.key_command, duration_s)
             if info.shape_differs:
                 h.add(info.key_shape, duration_s)
+            if info.key_target:
+                h.add(info.key_target, duration_s)
+                if info.key_place:
+                    h.add(info.key_place, duration_s)
+                h.add(info.key_scope, duration_s)
             h.add(info.key_program, duration_s)
         h.add(info.key_tool, duration_s)
         h.add(GLOBAL_KEY, duration_s)

@@ -103,8 +103,9 @@ class HistoryStore:
     """Histories by key with an LRU bound on the number of keys; tracks what changed.
 
     Keys are opaque strings built by the predictor (``c:`` exact command, ``s:`` command
-    shape, ``p:`` program, ``t:`` tool, ``g`` global, ``r:`` sleep residuals, ``d:``
-    deadline ratios). ``drain_dirty`` hands the changed keys to whoever persists them.
+    shape, ``tg:`` test target, ``pl:``/``sc:`` test scope in its directories / anywhere,
+    ``p:`` program, ``t:`` tool, ``g`` global, ``r:`` sleep residuals, ``d:`` deadline
+    ratios). ``drain_dirty`` hands the changed keys to whoever persists them.
     """
 
     def __init__(self, window: int, decay: float, max_keys: int) -> None:

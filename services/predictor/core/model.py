@@ -18,6 +18,9 @@ class Evidence(StrEnum):
     SESSION_COMMAND_HISTORY = "session_command_history"  # same session + tool + command
     COMMAND_HISTORY = "command_history"  # same tool + same normalised command
     SHAPE_HISTORY = "shape_history"  # same tool + command with numbers masked
+    TARGET_HISTORY = "target_history"  # same tool + test runner + what it runs (paths, -k), any flags
+    PLACE_HISTORY = "place_history"  # same tool + test runner + kind of target + its directories
+    SCOPE_HISTORY = "scope_history"  # same tool + test runner + kind of target (a test, a file, all)
     PROGRAM_HISTORY = "program_history"  # same tool + same program (pytest, make, grep)
     TOOL_HISTORY = "tool_history"  # same tool name
     GLOBAL_HISTORY = "global_history"  # every tool
@@ -38,6 +41,9 @@ _HISTORY = frozenset(
         Evidence.SESSION_COMMAND_HISTORY,
         Evidence.COMMAND_HISTORY,
         Evidence.SHAPE_HISTORY,
+        Evidence.TARGET_HISTORY,
+        Evidence.PLACE_HISTORY,
+        Evidence.SCOPE_HISTORY,
         Evidence.PROGRAM_HISTORY,
         Evidence.TOOL_HISTORY,
         Evidence.GLOBAL_HISTORY,
@@ -52,6 +58,9 @@ _KIND = {
     Evidence.SESSION_COMMAND_HISTORY: "tool_history",
     Evidence.COMMAND_HISTORY: "tool_history",
     Evidence.SHAPE_HISTORY: "tool_history",
+    Evidence.TARGET_HISTORY: "tool_history",
+    Evidence.PLACE_HISTORY: "tool_history",
+    Evidence.SCOPE_HISTORY: "tool_history",
     Evidence.PROGRAM_HISTORY: "tool_history",
     Evidence.TOOL_HISTORY: "tool_history",
     Evidence.GLOBAL_HISTORY: "global_history",
