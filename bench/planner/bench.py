@@ -157,7 +157,7 @@ def _multi_candidate(snap: Snapshot) -> bool:
 
 
 def bench_compare(runs: int) -> dict[str, Any]:
-    """DP (without the guard, so its own result is measured) vs SJF and BFD; then TAO as
+    """DP (without the guard, so its own result is measured) vs SJF and BFD; then tao-paper as
     shipped (with the guard) to show it is never worse."""
     rng = random.Random(26)
     snaps: list[Snapshot] = []
@@ -167,7 +167,7 @@ def bench_compare(runs: int) -> dict[str, Any]:
             snaps.append(snap)
     out: dict[str, Any] = {"snapshots": runs}
     dp = [TaoPolicy("tao-dp-only", TaoConfig(guard=False)).plan(s) for s in snaps]
-    shipped = [make_policy("tao").plan(s) for s in snaps]
+    shipped = [make_policy("tao-paper").plan(s) for s in snaps]
     others = {name: [make_policy(name).plan(s) for s in snaps] for name in ("sjf", "tao-bfd")}
     for name, other in others.items():
         better = [(t.objective, o.objective) for t, o in zip(dp, other, strict=True) if t.objective > o.objective]

@@ -106,7 +106,8 @@ class PauseResult:
     freed_tokens: dict[str, int]  # replica id -> footprints of ACTING sessions paused now
 
 
-def plan_pauses(snapshot: Snapshot, order: str, values: ValueConfig = FULL_VALUES) -> PauseResult:
+def plan_pauses(snapshot: Snapshot, order: str, values: ValueConfig = FULL_VALUES,
+                tolerance: float = 0.0) -> PauseResult:
     """Pause admitted sessions on over-capacity healthy replicas
     (docs/algorithms.md#pause-policy).
 
@@ -123,7 +124,10 @@ def plan_pauses(snapshot: Snapshot, order: str, values: ValueConfig = FULL_VALUE
     replicas = sorted_replicas(snapshot)
     by_id = {r.id: r for r in replicas}
     admitted = sorted((s for s in snapshot.sessions if s.admitted and s.replica in by_id), key=lambda s: s.id)
-    over = {r.id: r.used_tokens - r.capacity_tokens for r in replicas if r.healthy and r.used_tokens > r.capacity_tokens}
+    # ``tolerance``: a replica counts as over capacity only past capacity × (1 + tolerance);
+    # it is then brought back to capacity itself.
+    over = {r.id: r.used_tokens - r.capacity_tokens for r in replicas
+            if r.healthy and r.used_tokens > r.capacity_tokens * (1.0 + tolerance)}
     if not over:
         return PauseResult((), {})
     on_over = [s for s in admitted if s.replica in over]

@@ -8,12 +8,15 @@ runs every registered name through the same invariants.
 
 | name             | gates | sees                                        | decides                                          | source |
 |------------------|-------|---------------------------------------------|--------------------------------------------------|--------|
-| tao              | yes   | decayed credit (h = 10 s), readiness, footprint, free capacity | pauses by ascending value; admission+placement by the capacity-state DP (lexicographic Σk, Σr, Σf) | the TAO paper |
-| tao-no-decay     | yes   | as tao, credit k = k0                        | as tao                                           | TAO paper ablation |
-| tao-no-readiness | yes   | as tao, r = 0                                | as tao                                           | TAO paper ablation |
-| tao-bfd          | yes   | as tao                                       | best-fit-decreasing by value instead of the DP   | TAO paper ablation |
-| tao-ta-pause     | yes   | as tao                                       | ThunderAgent's pause order (smallest first)      | TAO paper ablation |
-| sjf              | yes   | footprint (credit only to pick the replica)  | shortest footprint first, TAO pauses             | TAO paper's DP comparison |
+| tao              | yes   | decayed credit (h = 10 s), readiness, footprint, free capacity, compute load | pauses by ascending value past 5 % over capacity; admission+placement by the DP on (Σr, Σk, Σf); ties spread by compute load | this project (docs/algorithms.md#policies-tao-and-tao-paper) |
+| tao-paper        | yes   | decayed credit (h = 10 s), readiness, footprint, free capacity | pauses by ascending value; admission+placement by the capacity-state DP (lexicographic Σk, Σr, Σf); ties spread by compute load | the TAO paper |
+| tao-no-decay     | yes   | as tao-paper, credit k = k0                  | as tao-paper                                     | TAO paper ablation |
+| tao-no-readiness | yes   | as tao-paper, r = 0                          | as tao-paper                                     | TAO paper ablation |
+| tao-bfd          | yes   | as tao-paper                                 | best-fit-decreasing by value instead of the DP   | TAO paper ablation |
+| tao-ta-pause     | yes   | as tao-paper                                 | ThunderAgent's pause order (smallest first)      | TAO paper ablation |
+| tao-belady       | yes   | as tao, plus predicted tool return times     | as tao, pausing the furthest predicted return first | tao lever (Belady) |
+| tao-no-spread    | yes   | as tao                                       | as tao, no compute-load tie-break                | tao ablation |
+| sjf              | yes   | footprint (credit only to pick the replica)  | shortest footprint first, tao-paper's pauses     | TAO paper's DP comparison |
 | thunderagent     | yes   | program tokens (acting weighted), buffers    | tick every 5 s: resume reasoning→new→acting, BFD onto the roomiest replica; pause smallest acting first, mark reasoning | ThunderAgent scheduler/router.py |
 | continuum        | yes   | program arrival, tool-return prediction, context tokens | program-level FCFS with head-of-line blocking; pin each tool call's KV for TTL τ* = argmax P(τ)·(T·η + prefill) − τ, unpin on expiry or (latest arrival first) when the queue head does not fit | arXiv 2511.02230 §4, Hanchenli/vllm-continuum |
 | round_robin      | no    | replica health                               | every held request to the next replica          | vLLM production-stack / Dynamo round-robin |
@@ -47,6 +50,8 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "tao-bfd": lambda: TaoPolicy("tao-bfd", replace(TAO_PAPER, placement="bfd")),
     "tao-ta-pause": lambda: TaoPolicy("tao-ta-pause", replace(TAO_PAPER, pause_order="thunderagent")),
     "sjf": lambda: TaoPolicy("sjf", replace(TAO_PAPER, placement="sjf")),
+    "tao-belady": lambda: TaoPolicy("tao-belady", replace(TAO, pause_order="belady")),
+    "tao-no-spread": lambda: TaoPolicy("tao-no-spread", replace(TAO, spread=False)),
     "round_robin": RoundRobinPolicy,
     "least_loaded": LeastLoadedPolicy,
     "cache_aware": CacheAwarePolicy,

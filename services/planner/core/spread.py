@@ -60,6 +60,9 @@ def spread(choice: npt.NDArray[np.int64], values: Values, eligible: npt.NDArray[
         rem[out[row]] -= values.footprint[row]
     load_busy = list(busy)
     load_total = list(total)
+    for row in placed:
+        load_busy[out[row]] += int(values.ready[row])
+        load_total[out[row]] += 1
     # Ready rows first (they load the GPU now), then larger rows (harder to move later), then row.
     order: list[int] = sorted(placed.tolist(), key=lambda i: (-int(values.ready[i]), -int(values.footprint[i]), i))
     for i in order:

@@ -15,7 +15,7 @@ from services.planner.core.explain import explain
 from services.planner.core.model import CreditEvidence, ReplicaState, SessionState, Snapshot
 from services.planner.core.policy import plan_pauses
 from services.planner.core.tao import TaoConfig, TaoPolicy
-from services.planner.core.values import fold_values
+from services.planner.core.values import fold_values, objective_of, ready_first
 
 
 def S(sid: str, f: int, ready: bool = False, credit: dict[str, tuple[int, float]] | None = None,
@@ -95,16 +95,26 @@ def pools(draw: st.DrawFn) -> Snapshot:
 @given(pools())
 def test_tao_plan_is_the_brute_force_optimum_in_tokens(snap: Snapshot) -> None:
     """End to end (folding, eligibility, DP): small capacities are solved at token resolution,
-    so TAO's plan is optimal for the real (undiscretised) problem."""
-    plan = make_policy("tao").plan(snap)
+    so each TAO policy's plan is optimal for the real (undiscretised) problem in its own order:
+    tao-paper (Σk, Σr, Σf), tao (Σr, Σk, Σf). The compute-load spread never changes either."""
     replicas = sorted(snap.replicas, key=lambda r: r.id)
     pool = sorted(snap.sessions, key=lambda s: s.id)
     values = fold_values(snap.now_s, pool, replicas)
     free = np.array([max(0, r.free_tokens) if r.healthy else 0 for r in replicas], dtype=np.int64)
     healthy = np.array([r.healthy for r in replicas])
     elig = healthy[None, :] & (values.footprint[:, None] <= free[None, :])
+    paper = make_policy("tao-paper").plan(snap)
+    assert paper.solver == "exact-dp" and paper.unit_tokens in (0, 1)
+    assert paper.objective == brute_force(values, elig, values.footprint, free)
+    plan = make_policy("tao").plan(snap)
     assert plan.solver == "exact-dp" and plan.unit_tokens in (0, 1)
-    assert plan.objective == brute_force(values, elig, values.footprint, free)
+    order = ready_first(values)
+    col = {r.id: j for j, r in enumerate(replicas)}
+    row = {s.id: i for i, s in enumerate(pool)}
+    choice = np.full(len(pool), -1, dtype=np.int64)
+    for a in plan.assignments:
+        choice[row[a.session]] = col[a.replica]
+    assert objective_of(order, choice) == brute_force(order, elig, values.footprint, free)
 
 
 def test_large_instances_fall_back_with_an_upper_bound() -> None:
@@ -112,7 +122,7 @@ def test_large_instances_fall_back_with_an_upper_bound() -> None:
     rng = random.Random(5)
     sessions = tuple(S(f"s{i:03d}", rng.randint(50, 400), rng.random() < 0.3,
                        credit={f"r{rng.randrange(24):02d}": (rng.randint(10, 300), 99.0)}) for i in range(300))
-    plan = make_policy("tao").plan(Snapshot(100.0, reps, sessions))
+    plan = make_policy("tao-paper").plan(Snapshot(100.0, reps, sessions))
     assert plan.solver == "knapsack+bfd" and plan.upper_bound is not None
     assert plan.objective[0] <= plan.upper_bound[0]
     assert plan.objective[0] >= 0.97 * plan.upper_bound[0]
