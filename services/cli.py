@@ -29,6 +29,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "e2e"): ("services.driver.cli", "drive a live stack (or any OpenAI endpoint) with a trace"),
     ("bench", "budget"): ("bench.budget.cli", "static vs dynamic tenant budget on the engine model"),
     ("check", "faults"): ("bench.faults.cli", "inject faults into a live stack and summarise survival"),
+    ("explain",): ("services.router.explain_cli", "why is this session waiting? (router GET /v1/sessions/{id})"),
+    ("sessions",): ("services.router.sessions_cli", "list the router's sessions (GET /v1/sessions)"),
 }
 
 

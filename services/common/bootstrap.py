@@ -233,7 +233,7 @@ async def start_service(
     )
     token = settings.auth_token.get_secret_value() if settings.auth_token else None
     server = grpc.aio.server(
-        interceptors=[ServiceInterceptor(name, ServerMetrics(registry), token)],
+        interceptors=[ServiceInterceptor(name, ServerMetrics(registry), token, settings.admin_secret())],
         options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 16 * 1024 * 1024), *options],
     )
     health_servicer = health.aio.HealthServicer()

@@ -19,6 +19,13 @@ from services.common.errors import DomainError
 from services.common.logging import get_logger, request_id_var
 
 EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+#: RPCs that change or reveal the whole service (operators only): they need the admin token
+#: (``admin_token``, default ``auth_token``); the tenants' / runners' ``auth_token`` is refused there
+ADMIN_METHODS = (
+    "/tao.router.v1.RouterAdminService/",
+    "/tao.budget.v1.BudgetService/ConfigureTenants",
+    "/tao.budget.v1.BudgetService/SetPolicy",
+)
 
 
 class ServerMetrics:
@@ -54,10 +61,16 @@ def _rpc_type(handler: grpc.RpcMethodHandler) -> str:
 
 
 class ServiceInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, service: str, metrics: ServerMetrics, auth_token: str | None = None) -> None:
+    def __init__(self, service: str, metrics: ServerMetrics, auth_token: str | None = None,
+                 admin_token: str | None = None) -> None:
+        """``auth_token``: every RPC but health/reflection needs it (None: open). ``admin_token``
+        (None: ``auth_token``): the ``ADMIN_METHODS`` need it instead, and it is accepted
+        everywhere ``auth_token`` is."""
         self._log = get_logger(service)
         self._metrics = metrics
         self._token = auth_token.encode() if auth_token else None
+        admin = admin_token or auth_token
+        self._admin = admin.encode() if admin else None
 
     async def intercept_service(
         self,
@@ -73,7 +86,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         service, name = _split(method)
         kind = _rpc_type(handler)
         labels = (kind, service, name)
-        authorised = exempt or self._token is None or self._check_token(metadata.get("authorization"))
+        authorised = exempt or self._authorised(method, metadata.get("authorization"))
         rid = str(metadata.get("x-request-id") or uuid.uuid4().hex[:16])
 
         def finish(context: grpc.aio.ServicerContext, started: float, error: BaseException | None,
@@ -177,10 +190,19 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             )
         return grpc.unary_stream_rpc_method_handler(streaming, handler.request_deserializer, handler.response_serializer)
 
-    def _check_token(self, header: str | None) -> bool:
-        if not header or not header.lower().startswith("bearer ") or self._token is None:
+    def _authorised(self, method: str, header: str | None) -> bool:
+        if method.startswith(ADMIN_METHODS):
+            return self._admin is None or self._check_token(header, self._admin)
+        if self._token is None:
+            return True
+        return self._check_token(header, self._token) or (
+            self._admin is not None and self._check_token(header, self._admin))
+
+    @staticmethod
+    def _check_token(header: str | None, token: bytes) -> bool:
+        if not header or not header.lower().startswith("bearer "):
             return False
-        return hmac.compare_digest(header[7:].strip().encode(), self._token)
+        return hmac.compare_digest(header[7:].strip().encode(), token)
 
 
 class BearerTokenAuth(grpc.AuthMetadataPlugin):

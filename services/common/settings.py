@@ -54,6 +54,9 @@ class ServiceSettings(BaseSettings):
     redis_timeout_s: float = Field(default=2.0, gt=0, le=60)
     redis_startup_timeout_s: float = Field(default=10.0, ge=0, le=600, description="how long start-up waits for Redis")
     auth_token: SecretStr | None = Field(default=None, description="bearer token required on every RPC but health")
+    admin_token: SecretStr | None = Field(
+        default=None, description="bearer token the admin RPCs need (interceptors.ADMIN_METHODS: RouterAdminService, "
+        "BudgetService.ConfigureTenants/SetPolicy); it is accepted on every other RPC too. Unset: auth_token")
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     tls_client_ca_file: Path | None = Field(default=None, description="require client certs signed by this CA (mTLS)")
@@ -66,6 +69,11 @@ class ServiceSettings(BaseSettings):
         description="emulation only: model seconds per wall second (replicas run this much faster); "
         "all shared timestamps and time constants are in model time (ScaledClock)",
     )
+
+    def admin_secret(self) -> str | None:
+        """The admin token in force: ``admin_token``, else ``auth_token`` (backward compatible)."""
+        token = self.admin_token or self.auth_token
+        return token.get_secret_value() if token else None
 
     @field_validator("redis_url")
     @classmethod

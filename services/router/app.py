@@ -4,7 +4,9 @@ Routes: POST /v1/chat/completions, POST /v1/completions (streaming and not), GET
 (aggregated from the replicas' last answers, so a down replica never makes it fail), GET
 /health (200 while at least one replica takes requests, else 503), GET /metrics, POST
 /v1/sessions/{id}/release (``?force=true`` while a request is in flight) and ThunderAgent's
-POST /programs/release ``{"program_id": ...}`` -> ``{"program_id", "released"}``.
+POST /programs/release ``{"program_id": ...}`` -> ``{"program_id", "released"}``; GET
+/v1/sessions and GET /v1/sessions/{id}: the operators' list and "why is it waiting" answer
+(``sessions_http.py``, ``core/explain.py``; ``tao sessions`` / ``tao explain``).
 
 Session: ``x-session-id`` header, else ``program_id`` in the body or in a literal
 ``extra_body`` object; none -> a single-turn session. Every error is an OpenAI-style
@@ -14,12 +16,14 @@ Session: ``x-session-id`` header, else ``program_id`` in the body or in a litera
 from __future__ import annotations
 
 import asyncio
+import hmac
 import os
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from services.router import sessions_http
 from services.router.auth import Authenticator, bearer_key
 from services.router.core.model import Grant, NewRequest
 from services.router.core.state import SessionBusy, SessionConflict, UnknownSession
@@ -45,6 +49,8 @@ class Gateway:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/v1/sessions/{session_id}/release", self.release_session)
         app.router.add_post("/programs/release", self.release_program)
+        app.router.add_get("/v1/sessions", self.list_sessions)
+        app.router.add_get("/v1/sessions/{session_id}", self.explain_session)
         return app
 
     @web.middleware
@@ -78,6 +84,16 @@ class Gateway:
             raise RequestError(401, "Incorrect API key provided." if key else "Missing API key: send "
                                "'Authorization: Bearer <key>'.", code="invalid_api_key")
         return tenant
+
+    def viewer(self, request: web.Request) -> str | None:
+        """Whose sessions the caller may see: None = all (dev mode, or the admin token)."""
+        if self.auth is None:
+            return None
+        key = bearer_key(request.headers.get("Authorization"), request.headers.get("api-key"))
+        admin = self.settings.admin_secret()
+        if key and admin and hmac.compare_digest(key.encode(), admin.encode()):
+            return None
+        return self.tenant(request)
 
     async def body(self, request: web.Request) -> bytes:
         length = request.content_length
@@ -183,6 +199,14 @@ class Gateway:
         if not released:
             raise RequestError(404, f"unknown session {sid!r}", param="session_id", code="session_not_found")
         return web.json_response({"session_id": sid, "released": True})
+
+    async def list_sessions(self, request: web.Request) -> web.Response:
+        return web.json_response(sessions_http.list_sessions(self.rt, self.viewer(request), dict(request.query)))
+
+    async def explain_session(self, request: web.Request) -> web.Response:
+        viewer = self.viewer(request)
+        sid = check_session_id(request.match_info["session_id"], "session_id")
+        return web.json_response(await sessions_http.explain(self.rt, sid, viewer))
 
     async def release_program(self, request: web.Request) -> web.Response:
         tenant = self.tenant(request)
