@@ -4,7 +4,9 @@ Prints, per configuration, TAO against the best system baseline on mean task lat
 TTFT and decode throughput (and against every baseline), TAO's latency gap to the oracle,
 the ablation tables, the targets (the TAO paper's maxima, docs/algorithms.md#published-figures-tao-paper)
 with what was measured, the runtime and the
-machine. ``--quick`` is a smoke run (three tiny points, four policies) in about a minute.
+machine. ``--quick`` is a smoke run (three tiny points, four policies) in about a minute;
+``--fast`` the 12 configurations scaled down for iteration (rule in bench/sim/grid.py, ≤ 10 min
+wall with ``--jobs 2``); ``--agreement FULL.json FAST.json`` compares two grids' policy rankings.
 """
 
 from __future__ import annotations
@@ -20,7 +22,19 @@ from typing import Any
 
 from rich.console import Console
 
-from bench.sim.grid import GRID, QUICK_ABLATIONS, QUICK_MAX_TURNS, QUICK_POLICIES, GridPoint, quick_grid
+from bench.sim.agreement import agreement_table, grid_agreement, load_grid
+from bench.sim.grid import (
+    FAST_ABLATIONS,
+    FAST_MAX_TURNS,
+    FAST_POLICIES,
+    GRID,
+    QUICK_ABLATIONS,
+    QUICK_MAX_TURNS,
+    QUICK_POLICIES,
+    GridPoint,
+    fast_grid,
+    quick_grid,
+)
 from bench.sim.run import point_lower_bound, run_grid
 from bench.sim.summary import (
     ablation_points,
@@ -64,7 +78,12 @@ def parse_scales(text: str, setups: set[str]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.sim", description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="smoke run: three tiny configurations")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="smoke run: three tiny configurations")
+    mode.add_argument("--fast", action="store_true",
+                      help="the 12 configurations scaled down for iteration (<= 10 min with --jobs 2)")
+    mode.add_argument("--agreement", nargs=2, metavar=("FULL_JSON", "FAST_JSON"), default=None,
+                      help="compare the per-configuration policy rankings of two --json outputs and exit")
     ap.add_argument("--json", dest="json_out", default=None, help="write all results here")
     ap.add_argument("--jobs", type=int, default=1, help="simulations in parallel (processes)")
     ap.add_argument("--seed", type=int, default=0, help="workload and predictor seed")
@@ -76,8 +95,16 @@ def main(argv: list[str] | None = None) -> int:
                          "One factor for all, or per setup: 'glm-1xTP8=0.5,2node-2xTP4=0.5' (others stay 1)")
     args = ap.parse_args(argv)
     console = Console(width=max(Console().width, 150))
+    if args.agreement:
+        result = grid_agreement(load_grid(args.agreement[0]), load_grid(args.agreement[1]))
+        for t in agreement_table(result):
+            console.print(t)
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(result, indent=2))
+        return 0
 
-    points: tuple[GridPoint, ...] = quick_grid() if args.quick else GRID
+    points: tuple[GridPoint, ...] = quick_grid() if args.quick else fast_grid(args.seed) if args.fast else GRID
+    max_turns = QUICK_MAX_TURNS if args.quick else FAST_MAX_TURNS if args.fast else None
     try:
         scales = parse_scales(args.sessions_scale, {p.setup for p in points})
     except ValueError as exc:
@@ -94,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     def policies_of(p: GridPoint) -> tuple[str, ...]:
         if args.quick:
             return QUICK_POLICIES + (QUICK_ABLATIONS if p.ablation else ())
+        if args.fast:
+            return FAST_POLICIES + (FAST_ABLATIONS if p.ablation else ())
         return p.policies
 
     def on_result(r: dict[str, Any]) -> None:
@@ -107,13 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     if any(f != 1.0 for f in scales.values()):
         console.print("sessions per configuration (scaled): "
                       + ", ".join(f"{p.key} {p.sessions}" for p in points))
-    results, wall = run_grid(points, policies_of, args.seed, QUICK_MAX_TURNS if args.quick else None,
+    if args.fast:
+        console.print("fast grid (sessions / concurrency / KV blocks per replica, max "
+                      f"{FAST_MAX_TURNS} turns): " + ", ".join(f"{p.key} {p.sessions}/{p.concurrency}/{p.num_gpu_blocks}"
+                                                                for p in points))
+    results, wall = run_grid(points, policies_of, args.seed, max_turns,
                              args.jobs, on_result, Path(args.checkpoint) if args.checkpoint else None)
     by_point: dict[str, dict[str, Any]] = {p.key: {} for p in points}
     for r in results:
         by_point[r["point"]][r["policy"]] = r["metrics"]
     bounds: dict[str, dict[str, float | int]] = {}
-    max_turns = QUICK_MAX_TURNS if args.quick else None
     for p in points:  # cheap (an O(turns) pass per trace), so recomputed rather than checkpointed
         bounds[p.key] = point_lower_bound(p, args.seed, max_turns).to_json()
         lb = float(bounds[p.key]["mean_task_latency_s"])
@@ -150,12 +182,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"simulation summed over {len(results)} runs, jobs={args.jobs}); machine: {machine}")
     if args.json_out:
         doc = {
-            "quick": args.quick, "seed": args.seed, "jobs": args.jobs, "sessions_scale": scales,
+            "quick": args.quick, "fast": args.fast, "max_turns": max_turns, "seed": args.seed, "jobs": args.jobs, "sessions_scale": scales,
             "runtime_s": wall,
             "simulation_s_summed": sim_wall, "simulation_cpu_s_summed": sim_cpu, "machine": machine, "targets": SEED_TARGETS,
             "configurations": [
                 {"key": p.key, "setup": p.setup, "profile": p.profile.name, "replicas": p.replicas,
                  "workload": p.kind, "sessions": p.sessions, "concurrency": p.concurrency,
+                 "num_gpu_blocks": p.num_gpu_blocks,
                  "lower_bound": bounds[p.key],
                  "policies": by_point[p.key],
                  "runs": {r["policy"]: {k: r[k] for k in ("wall_s", "cpu_s", "sim_end_s", "plans", "counters",

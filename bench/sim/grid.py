@@ -26,9 +26,12 @@ round-robin, least-loaded, cache-aware (Dynamo's KV router cost) and ThunderAgen
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, replace
 
 from sim.engine.profiles import GLM47_FP8_H100X8, QWEN3_32B_H100X2, Profile
+from sim.workload.generate import GenerateOptions, generate
 
 QWEN3_32B_H100X4 = replace(QWEN3_32B_H100X2, name="qwen3-32b-h100x4")
 """Qwen3-32B with TP4 on 4×H100 — the 2-node setup's stand-in model (see module docstring)."""
@@ -86,3 +89,78 @@ def quick_grid() -> tuple[GridPoint, ...]:
 QUICK_POLICIES: tuple[str, ...] = ("tao", "oracle", "thunderagent", "round_robin")
 QUICK_ABLATIONS: tuple[str, ...] = ("tao-bfd",)
 QUICK_MAX_TURNS = 12
+
+
+# --------------------------------------------------------------------------- the fast grid
+#
+# ``python -m bench.sim --fast``: the same 12 configurations (setups, profiles, replica counts,
+# workload kinds, three concurrency levels, ablations at the middle one), scaled down to run in
+# ≤ 10 min wall with ``--jobs 2`` on a 2-core machine. The scaling keeps the contention regime:
+#
+# 1. turns per session are capped at ``FAST_MAX_TURNS`` (session i is still session i of the
+#    full trace, cut short: ``sim.workload.generate``);
+# 2. concurrency C' = round(c · C) with a per-(setup, workload) factor c (``FAST_CONCURRENCY_SCALE``);
+# 3. KV blocks per replica B' = ceil(B · (C'/C) · occ'/occ), where occ is the turn-weighted mean
+#    prompt of the trace (Σ over all turns of the prompt tokens / number of turns — the KV a
+#    session in flight holds on average) and occ' that of the capped trace. This keeps
+#    ρ = C · occ / (replicas · B · block_size), the concurrency over how many sessions fit in
+#    the KV caches, equal to the full grid's; sessions fitting per replica shrink by c;
+# 4. sessions N' = C' · min(N/C, ``FAST_WAVES``): the closed loop still turns over a few waves
+#    (the full grid's own N/C is 1.9–9.4), never more sessions than the full grid's.
+#
+# Every session's last prompt (plus its output) must fit B' blocks (the simulator refuses
+# otherwise); ``fast_grid`` checks it and tests/unit/cluster/test_fast_grid.py too. What the
+# scale cannot keep: the cap shortens the longest sessions (less spread in session length) and
+# halves contexts, so a cache miss costs less re-prefill relative to decode; c < 1 makes each
+# session a larger share of a replica's KV. c is 1 for GLM (one replica, cheap) and as small as
+# the largest capped session allows elsewhere (0.4: ~4 sessions fit a replica's KV instead of
+# ~9–12; terminal-bench 0.5). Measured on GLM c48 (TAO vs round-robin, mean latency): full grid
+# +55.9 %; capped at 24 turns with C and ρ kept +25 % (2.5 or 6.25 waves alike) — the cap, not
+# the waves, narrows the per-request routers' gap. Check a ranking with ``--agreement FULL FAST``.
+
+FAST_MAX_TURNS = 24
+FAST_WAVES = 2.0
+FAST_CONCURRENCY_SCALE: dict[str, float] = {
+    "qwen-4xTP2/swe-verified": 0.4,
+    "glm-1xTP8/swe-lite": 1.0,
+    "2node-2xTP4/swe-lite": 0.4,
+    "2node-2xTP4/terminal-bench": 0.5,
+}
+FAST_POLICIES: tuple[str, ...] = ("tao", "tao-paper", "oracle", "thunderagent", "continuum", "cache_aware", "sjf",
+                                  "round_robin", "least_loaded")
+FAST_ABLATIONS: tuple[str, ...] = ABLATIONS
+FAST_SUFFIX = "/fast"
+
+
+@functools.cache
+def _occupancy_and_max(kind: str, sessions: int, seed: int, max_turns: int | None) -> tuple[float, int]:
+    """(turn-weighted mean prompt tokens, largest final context = last prompt + its output)."""
+    trace = generate(GenerateOptions(kind=kind, sessions=sessions, seed=seed, max_turns=max_turns))
+    prompts = turns = 0
+    largest = 0
+    for s in trace:
+        last = len(s.turns) - 1
+        prompts += sum(s.prompt_tokens(i) for i in range(len(s.turns)))
+        turns += len(s.turns)
+        largest = max(largest, s.prompt_tokens(last) + s.turns[last].output_tokens)
+    return prompts / turns, largest
+
+
+def fast_point(p: GridPoint, scale: float, max_turns: int = FAST_MAX_TURNS, waves: float = FAST_WAVES,
+               seed: int = 0) -> GridPoint:
+    """``p`` scaled down by the rule above (key: ``p.key`` + ``/fast``)."""
+    c = max(2, round(p.concurrency * scale))
+    n = min(p.sessions, max(c, round(c * min(p.sessions / p.concurrency, waves))))
+    occ_full, _ = _occupancy_and_max(p.kind, p.sessions, seed, None)
+    occ_fast, largest = _occupancy_and_max(p.kind, n, seed, max_turns)
+    blocks_full = p.num_gpu_blocks or p.profile.default_num_gpu_blocks
+    blocks = math.ceil(blocks_full * (c / p.concurrency) * occ_fast / occ_full)
+    if largest >= min(blocks * p.profile.block_size, p.profile.max_model_len):
+        raise ValueError(f"{p.key}: a session of {largest} tokens does not fit {blocks} blocks; raise its scale")
+    return replace(p, key=p.key + FAST_SUFFIX, sessions=n, concurrency=c, num_gpu_blocks=blocks)
+
+
+@functools.cache
+def fast_grid(seed: int = 0) -> tuple[GridPoint, ...]:
+    """The full grid's 12 configurations scaled down (see the rule above)."""
+    return tuple(fast_point(p, FAST_CONCURRENCY_SCALE[f"{p.setup}/{p.kind}"], seed=seed) for p in GRID)

@@ -1,0 +1,87 @@
+"""The fast grid (``python -m bench.sim --fast``) mirrors the full grid, every session fits its
+replica, and ``--agreement`` compares two grids' rankings. No simulation runs here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.sim.__main__ import main as bench_main
+from bench.sim.agreement import grid_agreement
+from bench.sim.grid import (
+    ABLATIONS,
+    FAST_MAX_TURNS,
+    FAST_POLICIES,
+    FAST_SUFFIX,
+    GRID,
+    _occupancy_and_max,
+    fast_grid,
+)
+from sim.workload.generate import GenerateOptions, generate
+
+
+def test_fast_grid_mirrors_the_full_grid() -> None:
+    fast = fast_grid()
+    assert len(fast) == len(GRID) == 12
+    for f, p in zip(fast, GRID, strict=True):
+        assert f.key == p.key + FAST_SUFFIX
+        assert (f.setup, f.profile, f.replicas, f.kind, f.ablation) == (p.setup, p.profile, p.replicas, p.kind,
+                                                                       p.ablation)
+        assert f.concurrency <= p.concurrency and f.sessions <= p.sessions and f.sessions >= f.concurrency
+        assert f.num_gpu_blocks is not None and f.num_gpu_blocks < p.profile.default_num_gpu_blocks
+    # three concurrency levels per setup, ascending, the ablations at the middle one
+    for i in range(0, 12, 3):
+        levels = fast[i:i + 3]
+        assert levels[0].concurrency < levels[1].concurrency < levels[2].concurrency
+        assert [q.ablation for q in levels] == [False, True, False]
+    assert {"tao", "tao-paper", "oracle", "thunderagent", "continuum", "cache_aware", "sjf", "round_robin",
+            "least_loaded"} == set(FAST_POLICIES)
+    assert set(ABLATIONS) == {"tao-no-decay", "tao-no-readiness", "tao-ta-pause", "tao-bfd"}
+
+
+def test_fast_grid_keeps_the_contention_ratio() -> None:
+    """concurrency x turn-weighted mean prompt / total KV tokens stays the full grid's (±3 %)."""
+    for f, p in zip(fast_grid(), GRID, strict=True):
+        occ_full, _ = _occupancy_and_max(p.kind, p.sessions, 0, None)
+        occ_fast, _ = _occupancy_and_max(f.kind, f.sessions, 0, FAST_MAX_TURNS)
+        rho_full = p.concurrency * occ_full / (p.replicas * p.profile.default_num_gpu_blocks * p.profile.block_size)
+        assert f.num_gpu_blocks is not None
+        rho_fast = f.concurrency * occ_fast / (f.replicas * f.num_gpu_blocks * f.profile.block_size)
+        assert rho_fast == pytest.approx(rho_full, rel=0.03), f.key
+
+
+def test_every_session_of_the_fast_grid_fits_its_replica() -> None:
+    for f in fast_grid():
+        assert f.num_gpu_blocks is not None
+        capacity = min(f.num_gpu_blocks * f.profile.block_size, f.profile.max_model_len)
+        for s in generate(GenerateOptions(kind=f.kind, sessions=f.sessions, seed=0, max_turns=FAST_MAX_TURNS)):
+            last = len(s.turns) - 1
+            assert s.prompt_tokens(last) + s.turns[last].output_tokens < capacity, (f.key, s.session_id)
+
+
+def _doc(key: str, values: dict[str, tuple[float, float, float, float]]) -> dict[str, object]:
+    names = ("mean_task_latency_s", "mean_ttft_s", "decode_tok_s_makespan", "decode_tok_s_busy")
+    return {"key": key, "policies": {p: dict(zip(names, v, strict=True)) for p, v in values.items()}}
+
+
+def test_agreement_of_two_grids(tmp_path: Path) -> None:
+    full = {"configurations": [_doc("a/x/c1", {"tao": (1, 1, 9, 9), "rr": (3, 3, 7, 7), "ta": (2, 2, 8, 8)}),
+                               _doc("b/y/c2", {"tao": (1, 1, 9, 9), "rr": (3, 3, 7, 7)})]}
+    fast = {"configurations": [_doc("a/x/c1/fast", {"tao": (1, 1, 9, 7), "rr": (3, 3, 7, 9), "ta": (2, 2, 8, 8)}),
+                               _doc("b/y/c2/fast", {"tao": (2, 2, 9, 9), "rr": (1, 3, 7, 7)})]}
+    (tmp_path / "full.json").write_text(json.dumps(full))
+    (tmp_path / "fast.json").write_text(json.dumps(fast))
+    res = grid_agreement({c["key"]: c["policies"] for c in full["configurations"]},  # type: ignore[index]
+                         {c["key"].removesuffix("/fast"): c["policies"] for c in fast["configurations"]})  # type: ignore[index]
+    a = res["per_configuration"]["a/x/c1"]
+    assert a["mean_task_latency_s"]["kendall_tau"] == 1.0
+    assert a["decode_tok_s_busy"]["kendall_tau"] == -1.0 and not a["decode_tok_s_busy"]["same_winner"]
+    assert res["per_configuration"]["b/y/c2"]["mean_task_latency_s"]["same_winner"] is False
+    assert res["overall"]["mean_task_latency_s"]["winner_agrees_share"] == 0.5
+    assert res["overall"]["mean_ttft_s"]["mean_kendall_tau"] == 1.0
+    out = tmp_path / "agree.json"
+    assert bench_main(["--agreement", str(tmp_path / "full.json"), str(tmp_path / "fast.json"),
+                       "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["overall"]["mean_task_latency_s"]["configurations"] == 2
