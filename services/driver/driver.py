@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from sim.engine.tokens import synthetic_token_id
 from sim.workload.trace import Session
 
 
@@ -65,8 +66,9 @@ class DriverConfig:
     #: could serve the request; a session the plan pauses is held, not refused) are retried after
     #: Retry-After, this often
     max_retries_503: int = 5
-    #: release each session when its last turn ends (TAO's /v1/sessions/{id}/release), as a
-    #: harness integrated with TAO or ThunderAgent does; 404 from other endpoints is ignored
+    #: release each session when its last turn ends, as a harness integrated with TAO or
+    #: ThunderAgent does: TAO's ``POST /v1/sessions/{id}/release`` and ThunderAgent's
+    #: ``POST /programs/release`` (``{"program_id": id}``); 404 from endpoints without one is ignored
     release_sessions: bool = True
 
 
@@ -84,6 +86,12 @@ class RequestResult:
     hold_s: float | None
     error: str | None = None
     retries: int = 0
+    #: time from sending the request to its response headers, measured here (model seconds):
+    #: how long it waited before anything forwarded it. The same measurement for every
+    #: endpoint: vLLM and per-request routers answer headers at once, a router that holds a
+    #: paused program (ThunderAgent, TAO) only when it forwards. Across 503 retries, from the
+    #: first attempt. None when no headers came.
+    wait_s: float | None = None
 
 
 @dataclass
@@ -102,6 +110,25 @@ class DriverResult:
     wall_s: float
     time_scale: float
     errors: int
+
+
+#: the stand-in message text carries one word per this many prompt tokens
+TOKENS_PER_WORD = 64
+
+
+def stand_in_text(session: Session, prompt_tokens: int) -> str:
+    """A miniature of the prompt for routers that route on request text (text cache-aware):
+    one word per ``TOKENS_PER_WORD`` tokens, each word a function of the synthetic content at
+    that position (the shared system prompt's source before ``system_prompt_tokens``, the
+    session's after). So, as with real agent prompts, a session's next turn extends its
+    previous text and two sessions share only their system prompt's share of it. The replicas
+    read the real size and content from ``tao_synthetic``."""
+    shared, sys_tokens = session.shared_prefix_id, session.system_prompt_tokens
+    words = []
+    for pos in range(0, prompt_tokens, TOKENS_PER_WORD):
+        source = shared if shared is not None and pos < sys_tokens else session.session_id
+        words.append(f"w{synthetic_token_id(source, pos) % 1_000_003}")
+    return " ".join(words)
 
 
 def _prompt_tokens(session: Session, turn_index: int) -> int:
@@ -154,32 +181,39 @@ class TraceDriver:
                        sent: float) -> tuple[RequestResult, float | None]:
         turn = session.turns[turn_index]
         prompt_tokens = _prompt_tokens(session, turn_index)
+        synthetic = {
+            "session_id": session.session_id,
+            "prompt_tokens": prompt_tokens,
+            "shared_prefix_id": session.shared_prefix_id,
+            "system_prompt_tokens": session.system_prompt_tokens,
+        }
         body: dict[str, Any] = {
             "model": model,
-            "messages": [{"role": "user", "content": f"{session.session_id} turn {turn_index}"}],
+            "messages": [{"role": "user",
+                          "content": f"{stand_in_text(session, prompt_tokens)} {session.session_id} turn {turn_index}"}],
             "max_tokens": turn.output_tokens,
             "min_tokens": turn.output_tokens,
             "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},
             "program_id": session.session_id,
-            "tao_synthetic": {
-                "session_id": session.session_id,
-                "prompt_tokens": prompt_tokens,
-                "shared_prefix_id": session.shared_prefix_id,
-                "system_prompt_tokens": session.system_prompt_tokens,
-            },
+            "tao_synthetic": synthetic,
+            # the same again where routers that rebuild requests from their own schema keep it
+            # (sglang-router drops unknown top-level fields but forwards OpenAI's metadata)
+            "metadata": {"tao_synthetic": json.dumps(synthetic, separators=(",", ":"))},
         }
         headers = {"x-session-id": session.session_id, "authorization": f"Bearer {self.config.api_key}"}
         if self.config.tenant_header:
             headers["x-tao-tenant"] = session.tenant
         ttft: float | None = None
+        headers_at: float | None = None
         retry_after: float | None = None
         usage: dict[str, Any] = {}
         hold_s: float | None = None
         error: str | None = None
         try:
             async with http.post(f"{self.config.base_url}/v1/chat/completions", json=body, headers=headers) as resp:
+                headers_at = time.monotonic()
                 hold_header = resp.headers.get("x-tao-hold-ms")
                 if hold_header is not None:
                     hold_s = float(hold_header) / 1000.0  # the router reports model milliseconds
@@ -216,16 +250,27 @@ class TraceDriver:
             latency_s=latency * scale, prompt_tokens=int(usage.get("prompt_tokens", 0)),
             completion_tokens=int(usage.get("completion_tokens", 0)),
             cached_tokens=int(details.get("cached_tokens", 0) or 0), hold_s=hold_s, error=error,
+            wait_s=None if headers_at is None else (headers_at - sent) * scale,
         )
         return result, (retry_after if error is not None else None)
 
-    async def _release(self, http: aiohttp.ClientSession, session_id: str) -> None:
+    async def _release(self, http: aiohttp.ClientSession, session: Session) -> None:
+        """Release the session: TAO's ``/v1/sessions/{id}/release`` first, and when that is not
+        answered 2xx (ThunderAgent, other endpoints: 404) ThunderAgent's ``/programs/release``.
+        Failures and 404s are ignored: an endpoint without sessions has nothing to release."""
         headers = {"authorization": f"Bearer {self.config.api_key}"}
-        try:
-            async with http.post(f"{self.config.base_url}/v1/sessions/{session_id}/release", headers=headers) as resp:
-                await resp.read()
-        except (TimeoutError, aiohttp.ClientError):
-            pass
+        if self.config.tenant_header:
+            headers["x-tao-tenant"] = session.tenant
+        base, sid = self.config.base_url, session.session_id
+        for url, body in ((f"{base}/v1/sessions/{sid}/release", None),
+                          (f"{base}/programs/release", {"program_id": sid})):
+            try:
+                async with http.post(url, headers=headers, json=body) as resp:
+                    await resp.read()
+                    if 200 <= resp.status < 300:
+                        return
+            except (TimeoutError, aiohttp.ClientError):
+                pass
 
     async def _run_tool(self, session: Session, turn_index: int) -> None:
         tool = session.turns[turn_index].tool
@@ -263,7 +308,7 @@ class TraceDriver:
             else:
                 result.completed = True
             if self.config.release_sessions:
-                await self._release(http, session.session_id)
+                await self._release(http, session)
         finally:
             result.ended_at_s = self._now_model_s()
             self.active -= 1

@@ -8,29 +8,52 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.driver.driver import DriverResult, TraceDriver
+from services.driver.driver import DriverResult, RequestResult, TraceDriver
 from sim.cluster.metrics import RequestRecord, SessionRecord, summarize
 from sim.workload.trace import Session
 
-#: a request held at the router longer than this counts as a paused wait
-HOLD_EPSILON_S = 1e-3
+#: a request counts as a paused wait when its response headers took at least this long,
+#: measured by the driver, in model seconds *and* in wall seconds (``PAUSE_MIN_WALL_S``). The
+#: same measurement for every endpoint: a router that holds a paused program (TAO,
+#: ThunderAgent) answers headers only when it forwards, vLLM and per-request routers at once.
+#: The wall floor keeps the machine's scheduling noise (tens of ms on 2 loaded cores) out
+#: whatever the time scale: with a model-time threshold alone (it was a 1 ms epsilon) the
+#: faster the clock runs, the more noise counts as waits and dilutes the mean (issue 14 saw
+#: 10.4 → 74.1 s from time scale 20 to 5 while the router's hold histogram stayed flat). A
+#: real pause lasts at least another session's LLM call: seconds.
+PAUSE_MIN_S = 1.0
+PAUSE_MIN_WALL_S = 0.1
+
+
+def pause_threshold_s(time_scale: float) -> float:
+    """Model seconds a request must wait to count as paused at ``time_scale``."""
+    return max(PAUSE_MIN_S, PAUSE_MIN_WALL_S * time_scale)
+
+
+def wait_of(r: RequestResult) -> float:
+    """Model seconds the request waited before being forwarded: the driver's own measurement
+    to the response headers; the router's ``x-tao-hold-ms`` only for results without it."""
+    if r.wait_s is not None:
+        return r.wait_s
+    return r.hold_s or 0.0
 
 
 def to_records(result: DriverResult) -> tuple[list[RequestRecord], list[SessionRecord]]:
     requests: list[RequestRecord] = []
     sessions: list[SessionRecord] = []
+    threshold = pause_threshold_s(result.time_scale)
     for s in result.sessions:
         if s.completed:
             sessions.append(SessionRecord(s.session_id, s.started_at_s, s.ended_at_s))
         for r in s.requests:
             if r.error is not None or r.ttft_s is None:
                 continue
-            hold = r.hold_s or 0.0
+            hold = wait_of(r)
             requests.append(RequestRecord(
                 session_id=r.session_id, turn=r.turn, ready_s=r.sent_at_s, forwarded_s=r.sent_at_s + hold,
                 first_token_s=r.sent_at_s + r.ttft_s, end_s=r.sent_at_s + r.latency_s,
                 prompt_tokens=r.prompt_tokens, cached_tokens=r.cached_tokens, output_tokens=r.completion_tokens,
-                replica="", paused_wait=hold > HOLD_EPSILON_S,
+                replica="", paused_wait=hold >= threshold,
             ))
     return requests, sessions
 
@@ -88,6 +111,8 @@ def metrics_of(result: DriverResult, preemptions: int = 0, busy_s: float | None 
     out["retries_503"] = sum(r.retries for s in result.sessions for r in s.requests)
     out["error_samples"] = sorted({r.error[:120] for s in result.sessions for r in s.requests if r.error})[:5]
     out["requests"] = len(requests)
+    # every request's wait before anything forwarded it (no threshold), for any endpoint
+    out["mean_wait_all_s"] = (sum(r.forwarded_s - r.ready_s for r in requests) / len(requests)) if requests else 0.0
     out["wall_s"] = round(result.wall_s, 3)
     return out
 

@@ -15,6 +15,10 @@ if TYPE_CHECKING:
 
 OVERHEAD_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+#: holds: a paused session is held for up to ``plan_hold_timeout_s`` (30 min by default) or a
+#: multiple of the longest tool call, so the buckets run from 1 ms to 4 hours
+HOLD_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
+                120, 300, 600, 1200, 1800, 3600, 7200, 14400)
 
 
 class _StateCollector(Collector):
@@ -56,7 +60,7 @@ class RouterMetrics:
         self.ttft = Histogram("tao_router_ttft_seconds", "Arrival to first byte sent to the client.",
                               buckets=LATENCY_BUCKETS, registry=registry)
         self.hold = Histogram("tao_router_hold_seconds", "Time requests were held before forwarding.",
-                              buckets=LATENCY_BUCKETS, registry=registry)
+                              buckets=HOLD_BUCKETS, registry=registry)
         self.overhead = Histogram(
             "tao_router_overhead_seconds",
             "Time a request spends in the router itself before its first byte reaches the client: "

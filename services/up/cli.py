@@ -158,6 +158,20 @@ async def _drive(addrs: StackAddresses, sessions: list[Any], args: argparse.Name
             await poller
 
 
+def no_workload_banner(addrs: StackAddresses) -> str:
+    """What `tao up --no-workload` prints: every address an agent harness, the driver
+    (``tao bench e2e --replica URL`` counts preemptions there) or an operator needs."""
+    replicas = "\n".join(f"  {url}" for url in addrs.replicas)
+    return (f"router (OpenAI API): {addrs.router_url}/v1\n"
+            f"predictor (gRPC):    {addrs.predictor}\n"
+            f"router admin (gRPC): {addrs.router_admin}\n"
+            f"planner (gRPC):      {addrs.planner}\n"
+            f"budget (gRPC):       {addrs.budget}\n"
+            f"redis:               {addrs.redis_url}\n"
+            f"replicas (vLLM API, /metrics):\n{replicas}\n"
+            "Ctrl-C to stop.")
+
+
 def _summary_table(policies: dict[str, dict[str, Any]], comparisons: dict[str, dict[str, float | None]]) -> Table:
     from rich.table import Table
 
@@ -220,8 +234,7 @@ def run(args: argparse.Namespace) -> int:
                           f"time scale {args.time_scale}) …")
             addrs = stack.start()
             if args.no_workload:
-                console.print(f"router (OpenAI API): {addrs.router_url}/v1\npredictor (gRPC):   {addrs.predictor}\n"
-                              f"router admin (gRPC): {addrs.router_admin}\nCtrl-C to stop.")
+                console.print(no_workload_banner(addrs))
                 while not stack.failed():
                     time.sleep(1.0)
                 console.print(f"[red]a process died:[/] {stack.failed()}")

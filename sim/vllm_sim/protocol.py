@@ -7,11 +7,15 @@ Shapes follow vLLM's OpenAI server (``vllm/entrypoints/openai/protocol.py``, ``s
 ``--enable-prompt-tokens-details``).
 
 Synthetic-content extension (``tao_synthetic``, docs/simulation.md#synthetic-token-content):
-see ``SyntheticSpec``.
+see ``SyntheticSpec``. It is read from the top-level ``tao_synthetic`` object, else from OpenAI's
+``metadata`` map as the JSON text of that object (``metadata.tao_synthetic``): routers that
+rebuild the request from their own schema (sglang-router) drop unknown top-level fields but
+keep ``metadata``, the one free-form field of the OpenAI API (string values).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,8 +104,27 @@ def _model(body: dict[str, Any], served: str) -> str:
     return model
 
 
-def _synthetic(body: dict[str, Any]) -> SyntheticSpec | None:
+def synthetic_field(body: dict[str, Any]) -> Any:
+    """The raw ``tao_synthetic`` value: the top-level field, else ``metadata.tao_synthetic``
+    (JSON text, decoded); None when neither is there."""
     spec = body.get("tao_synthetic")
+    if spec is not None:
+        return spec
+    meta = body.get("metadata")
+    if not isinstance(meta, dict) or meta.get("tao_synthetic") is None:
+        return None
+    text = meta["tao_synthetic"]
+    if not isinstance(text, str):
+        raise bad_request("metadata.tao_synthetic must be a string (JSON of the tao_synthetic object)",
+                          "metadata")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise bad_request(f"metadata.tao_synthetic is not valid JSON: {exc}", "metadata") from exc
+
+
+def _synthetic(body: dict[str, Any]) -> SyntheticSpec | None:
+    spec = synthetic_field(body)
     if spec is None:
         return None
     if not isinstance(spec, dict):
@@ -176,7 +199,7 @@ def parse_chat(body: Any, served_model: str) -> GenRequest:
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise _validation(cls, "tools", "Input should be a valid list")
-    synthetic = body.get("tao_synthetic") is not None
+    synthetic = synthetic_field(body) is not None
     ids = [] if synthetic else apply_chat_template(messages, tools)
     return _common(body, cls, "chat", served_model, ids)
 
@@ -198,7 +221,7 @@ def parse_completion(body: Any, served_model: str) -> GenRequest:
         raise bad_request("vllm-sim supports one prompt per request (string or token ids)", "prompt")
     else:
         raise _validation(cls, "prompt", "Input should be a string or a list of token ids")
-    if not ids and body.get("tao_synthetic") is None:
+    if not ids and synthetic_field(body) is None:
         raise bad_request("Prompt cannot be empty", "prompt")
     return _common(body, cls, "completion", served_model, ids)
 

@@ -4,7 +4,10 @@
         client = openai.AsyncOpenAI(base_url=sim.base_url + "/v1", api_key="x")
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
-GET /metrics, GET /version. Output length: exactly ``max_tokens`` when ``ignore_eos`` is true or
+GET /metrics, GET /version, and vLLM's render API (``vllm/entrypoints/serve/render``):
+POST /v1/chat/completions/render and /v1/completions/render answer the prompt's token ids as a
+``GenerateRequest`` without generating (routers such as vllm-router use it for token-level
+prefix routing; without it they fall back to the request text). Output length: exactly ``max_tokens`` when ``ignore_eos`` is true or
 ``tao_synthetic`` is present; otherwise an emulated EOS after a deterministic (per prompt)
 8..507 tokens, at least ``min_tokens`` and at most ``max_tokens`` (finish reason "stop" when the
 EOS comes first, "length" otherwise).
@@ -16,6 +19,8 @@ import functools
 import json
 import time
 import uuid
+from array import array
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -24,7 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from sim.engine import ChainCache, Engine, EngineRequest, Profile, TokenListContent, get_profile
-from sim.engine.tokens import stable_key
+from sim.engine.tokens import SyntheticContent, stable_key
 from sim.vllm_sim.metrics import SimMetrics
 from sim.vllm_sim.protocol import (
     ApiError,
@@ -50,6 +55,40 @@ _dumps = functools.partial(json.dumps, separators=(",", ":"))  # compact, like v
 
 def _json_response(obj: Any, status: int = 200) -> web.Response:
     return web.json_response(obj, status=status, dumps=_dumps)
+
+
+class RenderCache:
+    """The prompt token ids of synthetic chains as comma-joined text, grown per chain as its
+    session's prompts grow (a turn adds only its new tokens), with each token's end offset;
+    LRU over chains."""
+
+    def __init__(self, max_chains: int = 4096) -> None:
+        self._max = max_chains
+        self._chains: OrderedDict[tuple[str, str | None, int], tuple[list[str], array[int]]] = OrderedDict()
+
+    def ids_text(self, content: SyntheticContent, n: int) -> str:
+        """``",".join(ids[:n])`` of ``content``'s token ids."""
+        key = content.memo_key
+        entry = self._chains.get(key)
+        if entry is None:
+            entry = ([""], array("q"))
+            self._chains[key] = entry
+            if len(self._chains) > self._max:
+                self._chains.popitem(last=False)
+        else:
+            self._chains.move_to_end(key)
+        parts, ends = entry
+        have = len(ends)
+        if have < n:
+            new = ",".join(map(str, content.token_ids(have, n)))
+            text = parts[0] + ("," if have else "") + new
+            pos = len(parts[0]) + (1 if have else 0)
+            for piece in new.split(","):
+                pos += len(piece)
+                ends.append(pos)
+                pos += 1
+            parts[0] = text
+        return parts[0][: ends[n - 1]] if n > 0 else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +117,15 @@ class SimServer:
                                   config.profile.gpu_memory_utilization)
         self.runner.metrics = self.metrics
         self.chains = ChainCache()
+        self.render_cache = RenderCache()
         self.created = int(time.time())
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_error_middleware])
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions/render", self.render_chat)
+        app.router.add_post("/v1/completions/render", self.render_completion)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_handler)
@@ -126,6 +168,38 @@ class SimServer:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, parse_completion(await _json(request), self.model_name))
+
+    # ---------------------------------------------------------------- render
+    async def render_chat(self, request: web.Request) -> web.Response:
+        body = self._render(parse_chat(await _json(request), self.model_name))
+        return web.Response(body=body, content_type="application/json")
+
+    async def render_completion(self, request: web.Request) -> web.Response:
+        # vLLM answers a list: one GenerateRequest per prompt (vllm-sim takes one prompt)
+        body = self._render(parse_completion(await _json(request), self.model_name))
+        return web.Response(body=b"[" + body + b"]", content_type="application/json")
+
+    def _render(self, req: GenRequest) -> bytes:
+        """vLLM's ``GenerateRequest`` for ``req`` as JSON: its prompt token ids (for synthetic
+        requests the synthetic content's ids) and sampling parameters; nothing is scheduled.
+        Synthetic ids come from ``RenderCache`` (the engine shares this event loop: a 40k-token
+        prompt must not cost 70 ms of id generation and JSON encoding per request)."""
+        max_tokens = check_length(req, self.engine.max_model_len)
+        if req.synthetic is not None:
+            syn = req.synthetic
+            content = self.chains.synthetic(syn.session_id, syn.shared_prefix_id, syn.system_prompt_tokens)
+            ids_text = self.render_cache.ids_text(content, syn.prompt_tokens)
+        else:
+            ids_text = ",".join(map(str, req.prompt_ids))
+        rest = {"features": None,
+                "sampling_params": {"max_tokens": max_tokens, "min_tokens": req.min_tokens,
+                                    "ignore_eos": req.ignore_eos},
+                "model": req.model, "stream": req.stream,
+                "stream_options": ({"include_usage": req.include_usage,
+                                    "continuous_usage_stats": req.continuous_usage} if req.stream else None),
+                "cache_salt": None, "priority": 0, "kv_transfer_params": None}
+        return (f'{{"request_id":"{uuid.uuid4().hex}","token_ids":[{ids_text}],'.encode()
+                + _dumps(rest)[1:].encode())
 
     def _plan(self, req: GenRequest) -> tuple[EngineRequest, list[str]]:
         max_tokens = check_length(req, self.engine.max_model_len)

@@ -88,7 +88,7 @@ def test_sigterm_stops_everything_without_orphans(tmp_path: Path) -> None:
             if not line:
                 break
             lines.append(line)
-            if "router (OpenAI API):" in line:
+            if "Ctrl-C to stop" in line:
                 break
         assert any("router (OpenAI API):" in ln for ln in lines), "".join(lines)
         url = next(ln for ln in lines if "router (OpenAI API):" in ln).split(":", 1)[1].strip()
@@ -96,6 +96,13 @@ def test_sigterm_stops_everything_without_orphans(tmp_path: Path) -> None:
 
         with urllib.request.urlopen(url.removesuffix("/v1") + "/v1/models", timeout=5) as resp:
             assert resp.status == 200
+        # the replica URLs (the driver's --replica, for preemptions) are printed too
+        start = next(i for i, ln in enumerate(lines) if ln.startswith("replicas (vLLM API"))
+        replicas = [ln.strip() for ln in lines[start + 1:] if ln.strip().startswith("http://")]
+        assert len(replicas) == 2, "".join(lines)
+        for replica in replicas:
+            with urllib.request.urlopen(replica + "/metrics", timeout=5) as resp:
+                assert resp.status == 200 and b"vllm:num_preemptions" in resp.read()
         kids = _children(proc.pid)
         assert len(kids) >= 7, f"expected redis, 4 services and 2 replicas, found {len(kids)}"
         proc.send_signal(signal.SIGTERM)

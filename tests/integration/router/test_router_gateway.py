@@ -179,6 +179,9 @@ async def test_health_metrics_and_models_survive_a_dead_replica(redis_url: str, 
         # an unlabelled histogram prints its buckets before any observation: check the counts,
         # one hold and one time-to-first-byte per forwarded request
         assert "tao_router_hold_seconds_count 3.0" in text
+        # holds of minutes to hours stay visible (a paused session is held up to 30 min)
+        assert 'tao_router_hold_seconds_bucket{le="3600.0"} 3.0' in text
+        assert 'tao_router_hold_seconds_bucket{le="14400.0"} 3.0' in text
         assert "tao_router_ttft_seconds_count 3.0" in text
 
 

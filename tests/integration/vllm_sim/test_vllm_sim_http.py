@@ -145,6 +145,27 @@ async def test_tao_synthetic_extension(sim: RunningSim) -> None:
     assert c.usage.prompt_tokens == 3300 and c.usage.prompt_tokens_details.cached_tokens >= 3248
 
 
+async def test_tao_synthetic_in_metadata(sim: RunningSim) -> None:
+    """sglang-router rebuilds each request from its own schema: it drops unknown top-level
+    fields (``tao_synthetic``, ``program_id``, ``vllm_xargs``, ``user``) but forwards OpenAI's
+    ``metadata`` map, so the extension also travels there as JSON text."""
+    spec = {"session_id": "meta-1", "prompt_tokens": 2000, "shared_prefix_id": None, "system_prompt_tokens": 0}
+    body = {"messages": MSG, "max_completion_tokens": 4, "ignore_eos": True,
+            "metadata": {"tao_synthetic": json.dumps(spec), "other": "kept"}}
+    status, payload = await _post(sim, CHAT, body)
+    assert status == 200 and payload["usage"]["prompt_tokens"] == 2000
+    assert payload["usage"]["completion_tokens"] == 4
+    # the top-level field wins over metadata
+    status, payload = await _post(sim, CHAT, {**body, "tao_synthetic": {**spec, "prompt_tokens": 2100}})
+    assert status == 200 and payload["usage"]["prompt_tokens"] == 2100
+    # metadata without the key: an ordinary prompt
+    status, payload = await _post(sim, CHAT, {"messages": MSG, "max_tokens": 2, "metadata": {"a": "b"}})
+    assert status == 200 and payload["usage"]["prompt_tokens"] < 50
+    for bad in ("{not json", 7):
+        status, payload = await _post(sim, CHAT, {**body, "metadata": {"tao_synthetic": bad}})
+        assert status == 400 and payload["error"]["param"] == "metadata"
+
+
 async def test_client_disconnect_aborts_request() -> None:
     async with start_vllm_sim("qwen3-32b-h100x2", port=0, time_scale=5.0) as sim:
         async with aiohttp.ClientSession() as s:
@@ -173,3 +194,27 @@ async def test_time_scale_paces_wall_clock() -> None:
         assert model_s > 0.5  # 40 decode steps of ~15 ms
         assert wall >= 0.9 * model_s / 4.0
         assert wall < model_s / 4.0 + 0.5
+
+
+async def test_render_endpoints_answer_prompt_token_ids_like_vllm(sim: RunningSim) -> None:
+    """vLLM's render API (vllm/entrypoints/serve/render): the prompt's token ids as a
+    GenerateRequest, nothing generated. vllm-router asks it for token-level prefix routing
+    (cache_aware, program scheduling) and falls back to the request text when it is 404."""
+    from sim.vllm_sim.tokenizer import apply_chat_template, encode
+
+    status, body = await _post(sim, CHAT + "/render", {"messages": MSG, "max_tokens": 7})
+    assert status == 200 and body["token_ids"] == apply_chat_template(MSG)
+    assert body["sampling_params"]["max_tokens"] == 7 and body["model"] == sim.server.model_name
+    assert body["features"] is None and body["stream"] is False and isinstance(body["request_id"], str)
+    syn = {"session_id": "r-1", "prompt_tokens": 3000, "shared_prefix_id": "sys-R", "system_prompt_tokens": 1000}
+    for n in (3000, 1200, 3500):  # grows, shrinks, grows again: the cached id text stays exact
+        status, body = await _post(sim, CHAT + "/render", {"messages": MSG, "stream": True,
+                                                           "tao_synthetic": {**syn, "prompt_tokens": n}})
+        assert status == 200 and len(body["token_ids"]) == n
+        assert body["token_ids"][0] == synthetic_token_id("sys-R", 0)
+        assert body["token_ids"][-1] == synthetic_token_id("r-1", n - 1)
+    status, body = await _post(sim, "/v1/completions/render", {"prompt": "hello world", "max_tokens": 2})
+    assert status == 200 and isinstance(body, list) and body[0]["token_ids"] == encode("hello world")
+    status, body = await _post(sim, CHAT + "/render", {"messages": "x"})
+    assert status == 400 and body["error"]["param"] == "messages"
+    assert sim.engine.has_work() is False  # nothing was scheduled

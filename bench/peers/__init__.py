@@ -1,0 +1,1 @@
+"""Real peers (vllm-router, sglang-router) next to TAO on the same emulated replicas: `python -m bench.peers`."""

@@ -1,0 +1,254 @@
+"""`python -m bench.peers` — real routers you can `pip install`, side by side with TAO.
+
+Each system (see ``bench/peers/core.py``) gets fresh emulated replicas (`tao vllm-sim`, the same
+profile, KV size and time scale for all), its router in front, and the same agent trace played
+by the `tao bench e2e` driver (closed loop; tool durations scaled; preemptions and busy time
+read from the replicas). Systems run one after another, in rounds (``--repeat``), the order
+reversed every other round so slow drift of the machine hits all alike; the table shows the
+mean over the rounds and the run-to-run spread ((max − min) / mean) of latency and TTFT.
+
+The peers (`vllm-router`, `sglang-router`) are installed from PyPI into their own venv
+(``--venv``, default ~/.cache/tao-peers/venv; reused when present), never into this
+package's environment. A system that cannot run says why in the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from bench.peers.core import (
+    System,
+    markdown_table,
+    parse_systems,
+    router_argv,
+    table_rows,
+    verdict,
+)
+from services.driver.driver import DriverConfig, ToolEvents, TraceDriver
+from services.driver.results import measure
+from services.planner.core.registry import POLICIES
+from services.up.procs import Supervisor, free_port, tao_argv
+from services.up.stack import Stack, StackConfig
+from sim.engine import PROFILES, get_profile
+from sim.workload.generate import GenerateOptions, generate
+from sim.workload.params import KINDS
+from sim.workload.trace import Session, write_trace
+
+DEFAULT_VENV = Path.home() / ".cache" / "tao-peers" / "venv"
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--systems", default="default",
+                    help="comma-separated: floor, vllm-router:POLICY, sglang-router:POLICY, tao:POLICY; "
+                         "'default' and 'all' expand (bench/peers/core.py)")
+    ap.add_argument("--kind", default="swe-lite", choices=sorted(KINDS), help="workload kind (default swe-lite)")
+    ap.add_argument("--sessions", type=int, default=16, help="sessions in the trace (default 16, as `tao up`)")
+    ap.add_argument("--concurrency", type=int, default=None, help="sessions active at once (default: all)")
+    ap.add_argument("--seed", type=int, default=1, help="workload seed (default 1, as `tao up`)")
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--profile", default="qwen3-32b-h100x2", help="engine profile of every replica")
+    ap.add_argument("--num-gpu-blocks", type=int, default=8000,
+                    help="KV blocks per replica (default 8000, as `tao up`: a cache the sessions contend for)")
+    ap.add_argument("--time-scale", type=float, default=20.0, help="model seconds per wall second (default 20)")
+    ap.add_argument("--repeat", type=int, default=2, help="rounds over all systems (default 2)")
+    ap.add_argument("--venv", type=Path, default=DEFAULT_VENV, help=f"the peers' venv (default {DEFAULT_VENV})")
+    ap.add_argument("--vllm-router-spec", default="vllm-router", help="pip requirement for vllm-router")
+    ap.add_argument("--sglang-router-spec", default="sglang-router", help="pip requirement for sglang-router")
+    ap.add_argument("--json", dest="json_out", type=Path, default=None, help="write every run and the table here")
+    ap.add_argument("--log-dir", type=Path, default=None, help="keep the routers' and replicas' logs here")
+    args = ap.parse_args(argv)
+    try:
+        args.system_list = parse_systems(args.systems, sorted(POLICIES))
+    except ValueError as exc:
+        ap.error(str(exc))
+    if args.profile not in PROFILES:
+        ap.error(f"unknown profile {args.profile!r}; known: {', '.join(sorted(PROFILES))}")
+    for name in ("sessions", "replicas", "num_gpu_blocks", "repeat"):
+        if getattr(args, name) <= 0:
+            ap.error(f"--{name.replace('_', '-')} must be > 0")
+    if args.concurrency is not None and args.concurrency <= 0:
+        ap.error("--concurrency must be > 0")
+    if args.time_scale <= 0:
+        ap.error("--time-scale must be > 0")
+    return args
+
+
+# ------------------------------------------------------------------------------ peers' venv
+
+def ensure_peers(venv: Path, specs: dict[str, str]) -> tuple[str, dict[str, str], dict[str, str]]:
+    """Create ``venv`` if needed and pip-install the packages of ``specs`` ({package: requirement})
+    whose console script is missing. Returns (bin dir, {package: version}, {package: why it is
+    not available})."""
+    bin_dir = venv / "bin"
+    failed: dict[str, str] = {}
+    if not (bin_dir / "python").exists():
+        proc = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            why = f"could not create the venv {venv}: {proc.stderr.strip()[-300:]}"
+            return str(bin_dir), {}, {p: why for p in specs}
+    missing = [p for p in specs if not (bin_dir / p).exists()]
+    if missing:
+        print(f"bench.peers: installing {', '.join(specs[p] for p in missing)} into {venv} …", flush=True)
+        proc = subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q",
+                               *(specs[p] for p in missing)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            for p in missing:
+                failed[p] = "pip install failed: " + " | ".join(tail)[-300:]
+    versions: dict[str, str] = {}
+    for p in specs:
+        if p in failed:
+            continue
+        proc = subprocess.run([str(bin_dir / "python"), "-c",
+                               f"import importlib.metadata as m; print(m.version({p!r}))"],
+                              capture_output=True, text=True)
+        if proc.returncode == 0 and (bin_dir / p).exists():
+            versions[p] = proc.stdout.strip()
+        else:
+            failed[p] = f"{p} not importable in {venv}: {proc.stderr.strip()[-200:]}"
+    return str(bin_dir), versions, failed
+
+
+# --------------------------------------------------------------------------------- one run
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def _start_replicas(sup: Supervisor, args: argparse.Namespace) -> list[str]:
+    ports = [free_port() for _ in range(args.replicas)]
+    for i, port in enumerate(ports):
+        sup.spawn(f"vllm-{i}", tao_argv("vllm-sim", "--port", str(port), "--profile", args.profile,
+                                        "--time-scale", str(args.time_scale),
+                                        "--num-gpu-blocks", str(args.num_gpu_blocks)))
+    for i, port in enumerate(ports):
+        sup.wait_until(sup.find(f"vllm-{i}"), partial(_http_ok, f"http://127.0.0.1:{port}/health"), 30, "healthy")
+    return [f"http://127.0.0.1:{p}" for p in ports]
+
+
+async def _drive(url: str, sessions: list[Session], replicas: list[str], args: argparse.Namespace,
+                 tools: ToolEvents | None, tenant_header: str | None) -> dict[str, Any]:
+    config = DriverConfig(base_url=url, time_scale=args.time_scale, concurrency=args.concurrency or len(sessions),
+                          model=get_profile(args.profile).model_name, tenant_header=tenant_header)
+    return await measure(TraceDriver(config, tools), sessions, replicas)
+
+
+def run_one(system: System, sessions: list[Session], args: argparse.Namespace, bin_dir: str,
+            log_dir: Path) -> dict[str, Any]:
+    """One run of ``system`` on fresh replicas; the driver's metrics (RuntimeError when it
+    cannot start or a process dies)."""
+    if system.kind == "tao":
+        from services.driver.reporter_adapter import ReporterToolEvents
+
+        tenants = tuple(sorted({s.tenant for s in sessions}))
+        conc = args.concurrency or len(sessions)
+        stack = Stack(StackConfig(replicas=args.replicas, profile=args.profile, policy=system.policy,
+                                  time_scale=args.time_scale, num_gpu_blocks=args.num_gpu_blocks,
+                                  total_budget=max(64, 2 * conc), tenants=tenants, log_dir=log_dir))
+        try:
+            addrs = stack.start()
+            tools = ReporterToolEvents(addrs.predictor, time_scale=args.time_scale)
+            metrics = asyncio.run(_drive(addrs.router_url, sessions, addrs.replicas, args, tools, "x-tao-tenant"))
+            dead = stack.failed()
+            if dead:
+                raise RuntimeError(f"a process died during the run: {dead}")
+            return metrics
+        finally:
+            stack.stop()
+    sup = Supervisor(log_dir)
+    try:
+        replicas = _start_replicas(sup, args)
+        port = free_port()
+        child = sup.spawn("router", router_argv(system, bin_dir, port, replicas, free_port(), python=sys.executable))
+        url = f"http://127.0.0.1:{port}"
+        sup.wait_until(child, lambda: _http_ok(f"{url}/health"), 60, "answering /health")
+        metrics = asyncio.run(_drive(url, sessions, replicas, args, None, None))
+        dead = [f"{c.name}: {c.tail(2)}" for c in sup.dead_children()]
+        if dead:
+            raise RuntimeError(f"a process died during the run: {dead}")
+        return metrics
+    finally:
+        sup.stop_all()
+
+
+# ------------------------------------------------------------------------------------ main
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    t0 = time.monotonic()
+    systems: list[System] = args.system_list
+    specs = {p: getattr(args, f"{p.replace('-', '_')}_spec") for p in
+             sorted({s.package for s in systems if s.package})}
+    bin_dir, versions, unavailable = ensure_peers(args.venv, specs) if specs else (str(args.venv / "bin"), {}, {})
+    sessions = generate(GenerateOptions(kind=args.kind, sessions=args.sessions, seed=args.seed))
+    log_root = args.log_dir or Path(tempfile.mkdtemp(prefix="tao-peers-"))
+    log_root.mkdir(parents=True, exist_ok=True)
+    write_trace(sessions, log_root / "trace.jsonl")
+    print(f"bench.peers: {args.kind}, {len(sessions)} sessions (concurrency {args.concurrency or len(sessions)}), "
+          f"{args.replicas} × {args.profile}, {args.num_gpu_blocks} KV blocks each, time scale {args.time_scale}, "
+          f"{args.repeat} rounds; peers {versions or 'none'}; logs in {log_root}", flush=True)
+    runs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in systems}
+    failures: dict[str, str] = {}
+    for s in systems:
+        if s.package in unavailable:
+            failures[s.name] = unavailable[s.package]
+    for k in range(args.repeat):
+        order = systems if k % 2 == 0 else list(reversed(systems))
+        for system in order:
+            if system.name in failures:
+                continue
+            log_dir = log_root / f"{system.name.replace(':', '-')}-{k + 1}"
+            t1 = time.monotonic()
+            try:
+                m = run_one(system, sessions, args, bin_dir, log_dir)
+            except (RuntimeError, OSError) as exc:
+                failures[system.name] = str(exc)[:300]
+                print(f"  {system.name:<32} FAILED: {failures[system.name]}", flush=True)
+                continue
+            runs[system.name].append(m)
+            busy = m.get("decode_tok_s_busy")
+            print(f"  round {k + 1} {system.name:<32} lat {m['mean_task_latency_s']:7.1f} s  "
+                  f"ttft {m['mean_ttft_s']:6.2f} s  decode {m['decode_tok_s_makespan']:6.1f} / "
+                  f"{'n/a' if busy is None else f'{busy:.1f}'} tok/s  hit {m['prefix_hit_rate']:.1%}  "
+                  f"preempt {m['preemptions']}  errors {m['errors']}  [{time.monotonic() - t1:.0f} s wall]",
+                  flush=True)
+    rows = table_rows(runs, failures)
+    table = markdown_table(rows)
+    print()
+    print(table)
+    print()
+    print(verdict(runs))
+    for name, why in failures.items():
+        print(f"{name}: {why}")
+    wall = time.monotonic() - t0
+    print(f"wall {wall / 60:.1f} min")
+    if args.json_out:
+        doc = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                          if k not in ("json_out", "system_list")}
+               | {"systems": [s.name for s in systems], "log_dir": str(log_root), "cpus": os.cpu_count()},
+               "peer_versions": versions, "runs": runs, "failures": failures, "table": table,
+               "verdict": verdict(runs), "wall_s": round(wall, 1)}
+        args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
+    errors = sum(int(m["errors"]) for r in runs.values() for m in r)
+    return 0 if errors == 0 and not failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""Pure parts of `python -m bench.peers`: the systems, their command lines, the table.
+
+A *system* is one router (with one policy) in front of the same fresh emulated replicas:
+
+- ``floor``: the bare replicas behind a plain HTTP round-robin proxy (``bench.peers.rrproxy``);
+- ``vllm-router:<policy>``: the vLLM project's Rust router, one of its ``--policy`` values, or
+  ``vllm-router:program`` (its program-level scheduling, ``--enable-program-scheduling``);
+- ``sglang-router:<policy>``: SGLang's Rust router (``sglang-router launch``);
+- ``tao:<policy>``: TAO's whole stack (Redis, router, planner, predictor, budget) with that
+  registry policy, tool events to the predictor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: ``vllm-router --help`` (0.1.17): --policy {random, round_robin, cache_aware, kv_aware,
+#: power_of_two, consistent_hash, sticky_least_loaded}; "program" = --enable-program-scheduling
+VLLM_ROUTER_POLICIES = ("round_robin", "random", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
+                        "sticky_least_loaded", "program")
+#: ``sglang-router launch --help`` (0.3.2): --policy {random, round_robin, cache_aware, power_of_two, manual}
+SGLANG_ROUTER_POLICIES = ("round_robin", "random", "cache_aware", "power_of_two", "manual")
+KINDS = ("floor", "vllm-router", "sglang-router", "tao")
+
+#: run by default (`--systems all` adds the rest; the default run must fit 15 min on 2 cores).
+#: Left out by default: vllm-router ``power_of_two``, ``sticky_least_loaded`` and ``random``
+#: (load balancers without cache or session knowledge, like round-robin here) and ``kv_aware``
+#: (needs vLLM's ZMQ KV events, which the emulator does not publish: it runs, but blind);
+#: sglang-router's other policies.
+DEFAULT_SYSTEMS = (
+    "floor",
+    "vllm-router:round_robin", "vllm-router:cache_aware", "vllm-router:consistent_hash", "vllm-router:program",
+    "sglang-router:cache_aware",
+    "tao:tao", "tao:thunderagent", "tao:round_robin",
+)
+ALL_SYSTEMS = (
+    "floor",
+    *(f"vllm-router:{p}" for p in VLLM_ROUTER_POLICIES),
+    *(f"sglang-router:{p}" for p in SGLANG_ROUTER_POLICIES if p != "manual"),
+    "tao:tao", "tao:thunderagent", "tao:round_robin",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class System:
+    kind: str  # one of KINDS
+    policy: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.kind if self.kind == "floor" else f"{self.kind}:{self.policy}"
+
+    @property
+    def package(self) -> str | None:
+        """The PyPI package this system needs in the peers' venv (None: this repository)."""
+        return self.kind if self.kind in ("vllm-router", "sglang-router") else None
+
+
+def parse_system(text: str, tao_policies: Sequence[str] | None = None) -> System:
+    """``floor`` | ``vllm-router:P`` | ``sglang-router:P`` | ``tao:P``; ValueError when unknown."""
+    text = text.strip()
+    if text == "floor":
+        return System("floor")
+    kind, sep, policy = text.partition(":")
+    if not sep or not policy:
+        raise ValueError(f"{text!r}: expected floor or KIND:POLICY with KIND in {', '.join(KINDS[1:])}")
+    known: Sequence[str] | None
+    if kind == "vllm-router":
+        known = VLLM_ROUTER_POLICIES
+    elif kind == "sglang-router":
+        known = SGLANG_ROUTER_POLICIES
+    elif kind == "tao":
+        known = tao_policies
+    else:
+        raise ValueError(f"{text!r}: unknown router {kind!r} (known: {', '.join(KINDS)})")
+    if known is not None and policy not in known:
+        raise ValueError(f"{text!r}: {kind} has no policy {policy!r} (known: {', '.join(known)})")
+    if kind == "tao" and policy == "oracle":
+        raise ValueError("tao:oracle is simulator-only (it reads the future)")
+    return System(kind, policy)
+
+
+def parse_systems(text: str, tao_policies: Sequence[str] | None = None) -> list[System]:
+    """A comma-separated list; ``default`` and ``all`` expand. Duplicates are an error."""
+    names: list[str] = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        if item == "default":
+            names += DEFAULT_SYSTEMS
+        elif item == "all":
+            names += ALL_SYSTEMS
+        else:
+            names.append(item)
+    systems = [parse_system(n, tao_policies) for n in names]
+    seen = [s.name for s in systems]
+    dup = sorted({n for n in seen if seen.count(n) > 1})
+    if dup:
+        raise ValueError(f"listed more than once: {', '.join(dup)}")
+    if not systems:
+        raise ValueError("no systems given")
+    return systems
+
+
+def router_argv(system: System, bin_dir: str, port: int, replicas: Sequence[str], metrics_port: int,
+                python: str = "python") -> list[str]:
+    """The command line that serves ``system`` on 127.0.0.1:``port`` in front of ``replicas``
+    (not for ``tao``: that is a whole stack). ``metrics_port``: the router's own Prometheus
+    port (both Rust routers default to a fixed one, 29000, so runs would collide)."""
+    if system.kind == "floor":
+        return [python, "-m", "bench.peers.rrproxy", "--port", str(port), *(a for r in replicas for a in ("--replica", r))]
+    if system.kind == "vllm-router":
+        argv = [f"{bin_dir}/vllm-router", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *replicas,
+                "--prometheus-port", str(metrics_port), "--log-level", "warning"]
+        if system.policy == "program":
+            return argv + ["--enable-program-scheduling"]
+        return argv + ["--policy", system.policy]
+    if system.kind == "sglang-router":
+        return [f"{bin_dir}/sglang-router", "launch", "--host", "127.0.0.1", "--port", str(port),
+                "--worker-urls", *replicas, "--policy", system.policy, "--prometheus-port", str(metrics_port),
+                "--log-level", "warn"]
+    raise ValueError(f"{system.name} is started as a stack, not one command")
+
+
+# ---------------------------------------------------------------------------------- results
+
+#: the columns of the table: (metric key, header, format)
+COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("mean_task_latency_s", "mean latency (s)", "{:.1f}"),
+    ("p90_task_latency_s", "p90 latency (s)", "{:.1f}"),
+    ("mean_ttft_s", "mean TTFT (s)", "{:.2f}"),
+    ("decode_tok_s_makespan", "decode tok/s (makespan)", "{:.1f}"),
+    ("decode_tok_s_busy", "decode tok/s (busy)", "{:.1f}"),
+    ("prefix_hit_rate", "prefix hit", "{:.1%}"),
+    ("preemptions", "preemptions", "{:.0f}"),
+    ("mean_pause_wait_s", "pause wait (s)", "{:.1f}"),
+    ("errors", "errors", "{:.0f}"),
+)
+#: metrics whose run-to-run spread is shown
+SPREAD_METRICS = ("mean_task_latency_s", "mean_ttft_s")
+
+
+def _values(runs: Sequence[Mapping[str, Any]], metric: str) -> list[float]:
+    return [float(r[metric]) for r in runs if r.get(metric) is not None]
+
+
+def mean_of(runs: Sequence[Mapping[str, Any]], metric: str) -> float | None:
+    v = _values(runs, metric)
+    return sum(v) / len(v) if v else None
+
+
+def spread_pct(runs: Sequence[Mapping[str, Any]], metric: str) -> float | None:
+    """(max − min) / |mean| over the repeats, in percent; None with fewer than two runs."""
+    v = _values(runs, metric)
+    if len(v) < 2:
+        return None
+    mean = sum(v) / len(v)
+    return 0.0 if mean == 0 else 100.0 * (max(v) - min(v)) / abs(mean)
+
+
+def _fmt(fmt: str, v: float | None) -> str:
+    return "—" if v is None else fmt.format(v)
+
+
+def table_rows(results: Mapping[str, Sequence[Mapping[str, Any]]],
+               failures: Mapping[str, str] | None = None) -> list[list[str]]:
+    """One row per system (in ``results`` order): means over its runs, then the spread of
+    mean latency and TTFT and the number of runs; systems in ``failures`` get their reason."""
+    rows = []
+    for name, runs in results.items():
+        if not runs:
+            reason = (failures or {}).get(name, "no run")
+            rows.append([name] + ["—"] * len(COLUMNS) + ["—", "—", f"0 ({reason})"])
+            continue
+        row = [name] + [_fmt(fmt, mean_of(runs, key)) for key, _, fmt in COLUMNS]
+        row += [_fmt("{:.1f}%", spread_pct(runs, m)) for m in SPREAD_METRICS]
+        row.append(str(len(runs)))
+        rows.append(row)
+    return rows
+
+
+HEADERS = ["system", *(h for _, h, _ in COLUMNS), "latency spread", "TTFT spread", "runs"]
+
+
+def markdown_table(rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """How one system stands against the reference on one metric (lower is better)."""
+
+    metric: str
+    other: str
+    ours: float
+    theirs: float
+    #: every run of the reference below every run of the other (the ranges do not overlap;
+    #: needs at least two runs of each)
+    beyond_spread: bool
+
+    @property
+    def better(self) -> bool:
+        return self.ours < self.theirs
+
+
+def standings(results: Mapping[str, Sequence[Mapping[str, Any]]], reference: str,
+              metrics: Sequence[str] = SPREAD_METRICS) -> list[Standing]:
+    """``reference`` against every other system that ran, on each lower-is-better metric."""
+    ref = results.get(reference) or []
+    out = []
+    for metric in metrics:
+        ours = _values(ref, metric)
+        if not ours:
+            continue
+        for other, runs in results.items():
+            theirs = _values(runs, metric)
+            if other == reference or not theirs:
+                continue
+            out.append(Standing(metric, other, sum(ours) / len(ours), sum(theirs) / len(theirs),
+                                len(ours) > 1 and len(theirs) > 1 and max(ours) < min(theirs)))
+    return out
+
+
+def verdict(results: Mapping[str, Sequence[Mapping[str, Any]]], reference: str = "tao:tao") -> str:
+    """One line per metric: is ``reference`` lowest, and beyond the run-to-run spread?"""
+    lines = []
+    by_metric: dict[str, list[Standing]] = {}
+    for s in standings(results, reference):
+        by_metric.setdefault(s.metric, []).append(s)
+    for metric in SPREAD_METRICS:
+        st = by_metric.get(metric)
+        if not st:
+            lines.append(f"{metric}: {reference} did not run")
+            continue
+        worse = [s for s in st if not s.better]
+        unresolved = [s for s in st if s.better and not s.beyond_spread]
+        if not worse and not unresolved:
+            lines.append(f"{metric}: {reference} lowest, beyond the spread against all {len(st)} others")
+            continue
+        parts = []
+        if worse:
+            parts.append("lower: " + ", ".join(f"{s.other} {s.theirs:.4g} vs {s.ours:.4g}" for s in worse))
+        if unresolved:
+            parts.append("within the spread (or one run): " + ", ".join(f"{s.other} {s.theirs:.4g} vs {s.ours:.4g}"
+                                                          for s in unresolved))
+        lines.append(f"{metric}: {reference} {'not lowest' if worse else 'lowest but not beyond the spread'}; "
+                     + "; ".join(parts))
+    return "\n".join(lines)

@@ -1,0 +1,85 @@
+"""bench.peers: system parsing, router command lines, table and verdict (pure parts only; the
+benchmark itself is not run as a test)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.peers.__main__ import parse
+from bench.peers.core import (
+    DEFAULT_SYSTEMS,
+    HEADERS,
+    System,
+    markdown_table,
+    parse_system,
+    parse_systems,
+    router_argv,
+    spread_pct,
+    table_rows,
+    verdict,
+)
+
+
+def test_parse_systems_expands_and_validates() -> None:
+    names = [s.name for s in parse_systems("default")]
+    assert names == list(DEFAULT_SYSTEMS)
+    assert "floor" in names and "tao:tao" in names and "vllm-router:consistent_hash" in names
+    assert [s.name for s in parse_systems("floor, tao:sjf", ["tao", "sjf"])] == ["floor", "tao:sjf"]
+    assert parse_system("vllm-router:program") == System("vllm-router", "program")
+    for bad in ("vllm-router:nope", "sglang-router:consistent_hash", "haproxy:rr", "tao", "tao:oracle", ""):
+        with pytest.raises(ValueError):
+            parse_systems(bad, ["tao", "oracle"])
+    with pytest.raises(ValueError, match="more than once"):
+        parse_systems("floor,default")
+
+
+def test_cli_defaults_and_errors() -> None:
+    args = parse([])
+    assert (args.sessions, args.repeat, args.time_scale, args.replicas) == (16, 2, 20.0, 2)
+    assert [s.name for s in args.system_list] == list(DEFAULT_SYSTEMS)
+    for bad in (["--sessions", "0"], ["--systems", "tao:nope"], ["--time-scale", "-1"], ["--profile", "x"]):
+        with pytest.raises(SystemExit):
+            parse(bad)
+
+
+def test_router_argv() -> None:
+    reps = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    v = router_argv(System("vllm-router", "consistent_hash"), "/venv/bin", 9000, reps, 9001)
+    assert v[0] == "/venv/bin/vllm-router" and v[v.index("--policy") + 1] == "consistent_hash"
+    assert v[v.index("--worker-urls") + 1: v.index("--worker-urls") + 3] == reps
+    assert v[v.index("--prometheus-port") + 1] == "9001" and v[v.index("--port") + 1] == "9000"
+    p = router_argv(System("vllm-router", "program"), "/b", 1, reps, 2)
+    assert "--enable-program-scheduling" in p and "--policy" not in p
+    s = router_argv(System("sglang-router", "cache_aware"), "/b", 1, reps, 2)
+    assert s[:2] == ["/b/sglang-router", "launch"]
+    f = router_argv(System("floor"), "/b", 7, reps, 8, python="py")
+    assert f[:3] == ["py", "-m", "bench.peers.rrproxy"] and f.count("--replica") == 2
+    with pytest.raises(ValueError):
+        router_argv(System("tao", "tao"), "/b", 1, reps, 2)
+
+
+def _run(lat: float, ttft: float, errors: int = 0) -> dict[str, object]:
+    return {"mean_task_latency_s": lat, "p90_task_latency_s": lat * 1.5, "mean_ttft_s": ttft,
+            "decode_tok_s_makespan": 200.0, "decode_tok_s_busy": None, "prefix_hit_rate": 0.9,
+            "preemptions": 3, "mean_pause_wait_s": 0.0, "errors": errors}
+
+
+def test_table_and_verdict() -> None:
+    results = {"tao:tao": [_run(100, 1.0), _run(104, 1.1)], "floor": [_run(110, 2.0), _run(120, 2.2)],
+               "vllm-router:cache_aware": [_run(103, 0.9), _run(108, 0.95)], "sglang-router:cache_aware": []}
+    assert spread_pct(results["tao:tao"], "mean_task_latency_s") == pytest.approx(100 * 4 / 102)
+    assert spread_pct(results["tao:tao"][:1], "mean_task_latency_s") is None
+    rows = table_rows(results, {"sglang-router:cache_aware": "drops tao_synthetic"})
+    assert all(len(r) == len(HEADERS) for r in rows)
+    assert rows[0][:4] == ["tao:tao", "102.0", "153.0", "1.05"] and rows[0][5] == "—" and rows[0][6] == "90.0%"
+    assert rows[0][-1] == "2" and rows[3][-1] == "0 (drops tao_synthetic)"
+    md = markdown_table(rows)
+    assert md.splitlines()[0].startswith("| system |") and len(md.splitlines()) == 2 + len(rows)
+    v = verdict(results).splitlines()
+    # latency: lowest, but cache_aware's best run (103) beats TAO's worst (104)
+    assert v[0].startswith("mean_task_latency_s: tao:tao lowest but not beyond the spread")
+    assert "vllm-router:cache_aware" in v[0]
+    # TTFT: cache_aware is lower
+    assert v[1].startswith("mean_ttft_s: tao:tao not lowest") and "vllm-router:cache_aware 0.925" in v[1]
+    clean = {"tao:tao": [_run(100, 1.0), _run(101, 1.0)], "floor": [_run(110, 2.0), _run(111, 2.0)]}
+    assert verdict(clean).splitlines()[0] == "mean_task_latency_s: tao:tao lowest, beyond the spread against all 1 others"
