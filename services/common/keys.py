@@ -24,6 +24,17 @@ REPLICAS = f"{PREFIX}:router:replicas"
 DEMAND = f"{PREFIX}:router:demand"
 #: pub/sub: the router publishes the session id whenever the pool changes (planner debounces)
 POOL_CHANNEL = f"{PREFIX}:router:pool"
+#: hash per tenant ``tao:router:ratelimit:<tenant>`` -> {r, t}: the GCRA state (TAT, integer
+#: microseconds) of its requests-per-minute and tokens-per-minute limits. Every router of a
+#: fleet writes it, only through one atomic Lua script (services/router/ratelimit.py); no other
+#: service reads or writes it. Expires a minute after the tenant's last request.
+RATE_LIMITS = f"{PREFIX}:router:ratelimit"
+
+
+def rate_limit_key(tenant: str) -> str:
+    """The rate-limit state of ``tenant`` (a member of the ``RATE_LIMITS`` family)."""
+    return f"{RATE_LIMITS}:{tenant}"
+
 
 # --- predictor (sole writer) --------------------------------------------------------------
 #: hash: session_id -> PredictionRecord JSON
@@ -53,6 +64,7 @@ OWNERS: dict[str, str] = {
     REPLICAS: "router",
     DEMAND: "router",
     POOL_CHANNEL: "router",
+    RATE_LIMITS: "router",
     PREDICTIONS: "predictor",
     PREDICTOR_HISTORY: "predictor",
     READINESS_CHANNEL: "predictor",

@@ -15,7 +15,7 @@ import grpc
 
 from services.common.bootstrap import ServiceApp, ServiceContext
 from services.common.clock import Clock, ScaledClock
-from services.predictor.service import PredictorEngine, PredictorServicer
+from services.predictor.service import PredictorEngine, PredictorMetrics, PredictorServicer
 from services.predictor.settings import Settings
 from tao.predictor.v1 import predictor_pb2_grpc
 
@@ -43,7 +43,7 @@ class PredictorApp:
         self._restored = False
 
     async def start(self, server: grpc.aio.Server, ctx: ServiceContext) -> None:
-        engine = PredictorEngine(self.settings, ctx.redis, self.clock, ctx.epoch)
+        engine = PredictorEngine(self.settings, ctx.redis, self.clock, ctx.epoch, PredictorMetrics(ctx.metrics))
         await engine.restore()
         self._restored = True
         engine.start_background()

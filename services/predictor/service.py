@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import grpc
 import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry, Histogram
 from redis.exceptions import RedisError
 
 from services.common.clock import Clock
@@ -96,9 +97,24 @@ class _Pending:
     publish: list[str] = field(default_factory=list)
 
 
+ERROR_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900)
+
+
+class PredictorMetrics:
+    """Prediction error: when a call finishes, |the latest prediction of its duration - the
+    duration it took| (model s), by the evidence that prediction came from."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.error = Histogram("tao_predictor_error_seconds",
+                               "Absolute error of a tool call's last duration prediction when it finished.",
+                               ["evidence"], buckets=ERROR_BUCKETS, registry=registry)
+
+
 class PredictorEngine:
-    def __init__(self, settings: Settings, redis: aioredis.Redis, clock: Clock, epoch: str) -> None:
+    def __init__(self, settings: Settings, redis: aioredis.Redis, clock: Clock, epoch: str,
+                 metrics: PredictorMetrics | None = None) -> None:
         self.settings = settings
+        self.metrics = metrics
         self.clock = clock
         self.core = Predictor(settings.predictor_config())
         self.store = PredictorStore(redis, epoch)
@@ -184,6 +200,7 @@ class PredictorEngine:
         make_ack = pb.EventAck
         durable, duplicate, rejected = pb.ACK_STATUS_DURABLE, pb.ACK_STATUS_DUPLICATE, pb.ACK_STATUS_REJECTED
         applied = False
+        finished = pb.TOOL_EVENT_TYPE_FINISHED
         for e in events:
             sid, cid, seq = e.session_id, e.call_id, e.sequence
             calls = seen_by_session.get(sid)
@@ -191,6 +208,8 @@ class PredictorEngine:
             if seen is not None and seq in seen:
                 acks.append(make_ack(session_id=sid, call_id=cid, sequence=seq, status=duplicate))
                 continue
+            if e.type == finished and self.metrics is not None:
+                self._observe_error(sid, cid, e.t_unix_s)
             try:
                 changed = core_apply(event_from_proto(e, sid, cid), now)
             except InvalidEventError as exc:
@@ -210,6 +229,12 @@ class PredictorEngine:
         self._applied_gen += 1 if applied else 0
         self._flush_needed.set()  # the flush computes the touched sessions' records once
         return acks
+
+    def _observe_error(self, sid: str, cid: str, finished_t: float) -> None:
+        pred = self.core.call_prediction(sid, cid)
+        if pred is None or pred.completed or finished_t < pred.started_at_s or self.metrics is None:
+            return
+        self.metrics.error.labels(pred.evidence.kind).observe(abs(pred.expected_s - (finished_t - pred.started_at_s)))
 
     async def ingest(self, events: Sequence[pb.ToolEvent]) -> list[pb.EventAck]:
         acks = self.apply(events)

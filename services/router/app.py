@@ -24,14 +24,18 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.router import sessions_http
-from services.router.auth import Authenticator, bearer_key
+from services.router.auth import Authenticator, ReloadingAuthenticator, bearer_key
 from services.router.core.model import Grant, NewRequest
+from services.router.core.ratelimit import parse_limits
 from services.router.core.state import SessionBusy, SessionConflict, UnknownSession
 from services.router.proxy import Exchange, error_response, serve, unavailable
+from services.router.ratelimit import RateLimiter, admit
 from services.router.runtime import HoldTimeout, RouterRuntime, SessionReleased
 from services.router.validation import RequestError, check_context, check_session_id, parse_request
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: the x-ratelimit-* headers of a rate-limited tenant's request, added to its answer
+RATE_HEADERS = web.RequestKey("tao_rate_headers", dict)
 
 
 class Gateway:
@@ -39,9 +43,12 @@ class Gateway:
         self.rt = rt
         self.auth = auth
         self.settings = rt.settings
+        self.limiter = RateLimiter(rt.ctx.redis, rt.ctx.metrics, self.settings.rate_limit_timeout_s, rt.log)
+        self.base_limits = parse_limits(self.settings.rate_limits, "rate_limits")
 
     def build(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body_bytes, middlewares=[self._errors])
+        app.on_response_prepare.append(self._rate_headers)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.list_models)
@@ -74,6 +81,13 @@ class Gateway:
                                                type_="server_error"))
 
     # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    async def _rate_headers(request: web.Request, response: web.StreamResponse) -> None:
+        """OpenAI's ``x-ratelimit-*`` headers on every answer of a rate-limited tenant."""
+        headers = request.get(RATE_HEADERS)
+        if headers:
+            response.headers.update(headers)
 
     def tenant(self, request: web.Request) -> str:
         if self.auth is None:
@@ -122,6 +136,16 @@ class Gateway:
             raise RequestError(404, f"The model `{parsed.model}` does not exist.", param="model",
                                code="model_not_found")
         check_context(parsed, rt.max_model_len(parsed.model))
+        limits = {**self.base_limits, **self.auth.limits} if isinstance(self.auth, ReloadingAuthenticator) \
+            else self.base_limits
+        if limits:
+            decision, rate_headers = await admit(self.limiter, limits, tenant, parsed.prompt_tokens_estimate,
+                                                 parsed.max_tokens, self.settings.default_output_tokens,
+                                                 rt.clock.unix())
+            if decision is not None and not decision.allowed:  # OpenAI's 429; nothing changed
+                rt.metrics.count_request(path, 429)
+                return web.json_response(decision.error_body(tenant), status=429, headers=rate_headers)
+            request[RATE_HEADERS] = rate_headers
         if len(rt.core.held) >= self.settings.max_held_requests:
             return unavailable(rt, "too many requests are held; retry later")
         request_id = os.urandom(16).hex()  # 128 random bits, like uuid4().hex without the UUID object

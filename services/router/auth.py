@@ -8,6 +8,17 @@ Keys file (YAML or JSON)::
       - tenant: B
         scrypt: scrypt$16384$8$1$<salt hex>$<hash hex>
 
+An optional ``limits`` mapping sets tenants' rate limits (``core/ratelimit.py``; ``"*"``:
+every tenant not listed; they override the router's ``rate_limits`` setting)::
+
+    limits:
+      A: {rpm: 600, tpm: 200000}
+      "*": {rpm: 60}
+
+The file is re-read when it changes (``ReloadingAuthenticator``: its size, mtime or inode,
+checked at most every ``reload_interval_s`` on the request path), without a restart; a file
+that does not parse keeps the previous keys and limits in force and is logged.
+
 ``python -m services.router.auth hash [--scrypt] KEY`` prints an entry. A presented key is
 hashed and compared with ``hmac.compare_digest`` against every stored hash of its kind
 (no early exit, so timing does not reveal which entry matched); verified keys are cached by
@@ -21,14 +32,18 @@ import argparse
 import hashlib
 import hmac
 import json
+import os
 import secrets
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from services.common.errors import StartupError
+from services.router.core.ratelimit import RateLimit, parse_limits
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 16384, 8, 1
 
@@ -69,16 +84,34 @@ def parse_entry(raw: object, where: str) -> KeyEntry:
     raise StartupError(f"{where}: each key needs 'sha256' or 'scrypt'")
 
 
-def load_keys(path: Path) -> list[KeyEntry]:
+def _read(path: Path) -> Any:
     try:
         text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (OSError, ValueError, yaml.YAMLError) as exc:
         raise StartupError(f"cannot read API keys file {path}: {exc}") from exc
+
+
+def _entries(data: Any, path: Path) -> list[KeyEntry]:
     keys = data.get("keys") if isinstance(data, dict) else None
     if not isinstance(keys, list) or not keys:
         raise StartupError(f"API keys file {path} must hold a non-empty 'keys' list")
     return [parse_entry(k, f"{path}: keys[{i}]") for i, k in enumerate(keys)]
+
+
+def load_keys(path: Path) -> list[KeyEntry]:
+    return _entries(_read(path), path)
+
+
+def load_keys_file(path: Path) -> tuple[list[KeyEntry], dict[str, RateLimit]]:
+    """The keys and the per-tenant rate limits of a keys file (``StartupError`` when invalid)."""
+    data = _read(path)
+    entries = _entries(data, path)
+    try:
+        limits = parse_limits(data.get("limits"), str(path))
+    except ValueError as exc:
+        raise StartupError(str(exc)) from exc
+    return entries, limits
 
 
 class Authenticator:
@@ -110,6 +143,56 @@ class Authenticator:
                 self._verified.clear()
             self._verified[fast] = found
         return found
+
+
+class ReloadingAuthenticator(Authenticator):
+    """An ``Authenticator`` over a keys file that re-reads it when it changes (checked at most
+    every ``reload_interval_s`` wall seconds, lazily on the request path: one ``stat``)."""
+
+    def __init__(self, path: Path, reload_interval_s: float = 1.0, log: Any = None) -> None:
+        entries, limits = load_keys_file(path)
+        super().__init__(entries)
+        self.path = path
+        self.limits = limits
+        self.reload_interval_s = reload_interval_s
+        self.reloads = 0
+        self._log = log
+        self._signature = self._stat()
+        self._checked = time.monotonic()
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size, st.st_ino
+
+    def maybe_reload(self) -> bool:
+        """Re-read the file if it changed; True when new keys are in force."""
+        now = time.monotonic()
+        if now - self._checked < self.reload_interval_s:
+            return False
+        self._checked = now
+        signature = self._stat()
+        if signature == self._signature or signature is None:
+            return False
+        self._signature = signature
+        try:
+            entries, limits = load_keys_file(self.path)
+        except StartupError as exc:
+            if self._log is not None:
+                self._log.error("API keys file not reloaded: keeping the previous keys", error=str(exc))
+            return False
+        Authenticator.__init__(self, entries)
+        self.limits = limits
+        self.reloads += 1
+        if self._log is not None:
+            self._log.info("API keys file reloaded", keys=len(entries), limits=len(limits))
+        return True
+
+    def tenant_for(self, key: str | None) -> str | None:
+        self.maybe_reload()
+        return super().tenant_for(key)
 
 
 def bearer_key(authorization: str | None, api_key_header: str | None) -> str | None:

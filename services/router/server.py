@@ -17,9 +17,10 @@ from aiohttp import web
 
 from services.common.bootstrap import ServiceApp, ServiceContext
 from services.common.errors import StartupError
+from services.router import ops_metrics
 from services.router.admin import RouterAdmin
 from services.router.app import Gateway
-from services.router.auth import Authenticator, load_keys
+from services.router.auth import ReloadingAuthenticator
 from services.router.runtime import RouterRuntime
 from services.router.settings import Settings
 from tao.router.v1 import router_pb2_grpc
@@ -42,11 +43,12 @@ class RouterApp:
 
     async def start(self, server: grpc.aio.Server, ctx: ServiceContext) -> None:
         s = self.settings
-        auth = Authenticator(load_keys(s.api_keys_file)) if s.api_keys_file else None
+        auth = ReloadingAuthenticator(s.api_keys_file, s.api_keys_reload_s, ctx.log) if s.api_keys_file else None
         if auth is None:
             ctx.log.warning("no api_keys_file: dev mode, tenant from header", header=s.dev_tenant_header)
         rt = RouterRuntime(s, ctx)
         self.runtime = rt
+        ops_metrics.register(ctx.metrics, rt.core)
         await rt.start()
         runner = web.AppRunner(Gateway(rt, auth).build(), access_log=None, handler_cancellation=True)
         await runner.setup()

@@ -97,6 +97,19 @@ class Settings(ServiceSettings):
     api_keys_file: Path | None = Field(default=None, description="YAML/JSON keys file; unset = dev mode")
     dev_tenant_header: str = Field(default="x-tao-tenant", min_length=1)
     default_tenant: str = Field(default="default", min_length=1)
+    api_keys_reload_s: float = Field(default=1.0, gt=0.0, le=3600.0,
+                                     description="re-read api_keys_file when it changed, checked at most this "
+                                                 "often (wall s)")
+
+    # --- rate limits (core/ratelimit.py; fleet-wide in Redis: ratelimit.py)
+    rate_limits: dict[str, dict[str, int]] = Field(
+        default_factory=dict,
+        description='per tenant {"rpm": requests/min, "tpm": tokens/min} (0 or absent: none; "*": every tenant '
+                    'not listed), e.g. TAO_ROUTER_RATE_LIMITS=\'{"A": {"rpm": 600, "tpm": 200000}}\'; the keys '
+                    "file's 'limits' override it per tenant; model time")
+    rate_limit_timeout_s: float = Field(default=0.25, gt=0.0, le=10.0,
+                                        description="Redis answer wait of a rate-limit check; slower: the request "
+                                                    "passes (fail open, wall s)")
 
     @field_validator("replicas", mode="before")
     @classmethod
@@ -113,6 +126,14 @@ class Settings(ServiceSettings):
         ids = [parse_replica_spec(spec)[0] for spec in value]  # InvalidArgument is a ValueError
         if len(set(ids)) != len(ids):
             raise ValueError(f"duplicate replica ids in {value}")
+        return value
+
+    @field_validator("rate_limits")
+    @classmethod
+    def _check_rate_limits(cls, value: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+        from services.router.core.ratelimit import parse_limits
+
+        parse_limits(value, "rate_limits")
         return value
 
     @field_validator("api_keys_file")
