@@ -205,7 +205,9 @@ class TaoPolicy:
         keep = apply_headroom(
             pool,
             dict(snapshot.tenant_headroom) if snapshot.tenant_headroom else None,
-            lambda i: (-int(best_k[i]), -int(values.ready[i]), -int(values.footprint[i]), ids[i]),
+            (lambda i: (-int(values.ready[i]), -int(best_k[i]), -int(values.footprint[i]), ids[i]))
+            if cfg.objective == "ready-first" else
+            (lambda i: (-int(best_k[i]), -int(values.ready[i]), -int(values.footprint[i]), ids[i])),
         )
         if len(keep) < len(pool):
             rows = np.array(keep, dtype=np.intp)
