@@ -5,8 +5,8 @@ the session (read from Redis by the adapter) and what the router knows about the
 follows into one ``SessionExplanation``: the session's phase, replica and footprint; its
 cache credit per replica (k = k0 · 2^(−τ/10 s), docs/algorithms.md#cache-credit), its
 readiness and the prediction behind it; why it is held (which plan, which constraint:
-capacity on which replica, its place in the held queue, the tenant's cap and headroom, a
-pause); and what would admit it. ``to_json`` is the HTTP answer of ``GET /v1/sessions/{id}``,
+capacity on which replica, its place in the held queue and in the pool order, the tenant's
+cap and headroom, a pause); and what would admit it. ``to_json`` is the HTTP answer of ``GET /v1/sessions/{id}``,
 ``to_text`` what ``tao explain`` prints. ``session_row`` is one line of ``tao sessions``.
 
 Constraints (``SessionExplanation.constraint``), first match wins:
@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from services.router.core.cache import credit_tokens
+from services.router.core.model import CacheEvidence, Replica
 from services.router.core.readiness import FRESH_S, HORIZON_S, PredictionView, is_current, is_ready
 
 if TYPE_CHECKING:
@@ -125,6 +126,10 @@ class SessionExplanation:
     #: 1-based place of its first held request in the router's held queue (FIFO), of ``queue_length``
     queue_position: int | None
     queue_length: int
+    #: 1-based rank in the pool (sessions not admitted) in the ready-first objective's order:
+    #: a held request first, then best decayed credit, then longest waiting; of ``pool_size``
+    pool_rank: int | None
+    pool_size: int
     credits: tuple[ReplicaCredit, ...]
     readiness: Readiness
     tenant_facts: TenantFacts
@@ -147,6 +152,9 @@ class SessionExplanation:
                  f"{self.requests} request(s) done"]
         state = "HELD" if self.held else "not held"
         lines.append(f"  {state}: {self.reason}")
+        if self.pool_rank is not None:
+            lines.append(f"  pool order: {self.pool_rank} of {self.pool_size} (held request first, then credit, then "
+                         "waiting time)")
         if self.queue_position is not None:
             lines.append(f"  held queue: position {self.queue_position} of {self.queue_length}, waiting "
                          f"{_secs(self.waiting_s)}")
@@ -217,20 +225,31 @@ def _credits(core: RouterCore, session_id: str, now_s: float) -> tuple[ReplicaCr
     for rid in sorted(core.replicas):
         rep = core.replicas[rid]
         ev = next((e for e in s.cache if e.replica == rid), None)
-        k0 = 0
-        age = None
-        if ev is not None:
-            k0 = credit_tokens(ev)
-            if ev.kind == "volume":
-                k0 = math.floor(k0 * min(1.0, max(0.0, rep.prefix_hit_rate)))
-            age = max(0.0, now_s - ev.observed_at_s)
-        k = math.floor(k0 * 2.0 ** (-(age or 0.0) / HALF_LIFE_S)) if k0 else 0
+        k0, k = (0, 0) if ev is None else _decayed(ev, rep, now_s)
+        age = None if ev is None else max(0.0, now_s - ev.observed_at_s)
         takes = core.eligible(rep)
         free = max(0, core.capacity(rid) - core.used.get(rid, 0)) if takes else 0
         mine = s.footprint_tokens if s.admitted and s.replica == rid else 0
         fits = takes and (mine > 0 or s.footprint_tokens <= free)
         out.append(ReplicaCredit(rid, k, k0, None if ev is None else ev.kind, age, free, takes, fits))
     return tuple(out)
+
+
+def _decayed(e: CacheEvidence, rep: Replica, now_s: float) -> tuple[int, int]:
+    """(k0, k now) of one piece of evidence, as the planner values it (values.credit_matrix)."""
+    k0 = credit_tokens(e)
+    if e.kind == "volume":
+        k0 = math.floor(k0 * min(1.0, max(0.0, rep.prefix_hit_rate)))
+    return k0, math.floor(k0 * 2.0 ** (-max(0.0, now_s - e.observed_at_s) / HALF_LIFE_S))
+
+
+def _best_credit(core: RouterCore, session_id: str, now_s: float) -> int:
+    best = 0
+    for e in core.sessions[session_id].cache:
+        rep = core.replicas.get(e.replica)
+        if rep is not None and core.eligible(rep):
+            best = max(best, _decayed(e, rep, now_s)[1])
+    return best
 
 
 def _tenant(core: RouterCore, tenant: str) -> TenantFacts:
@@ -257,13 +276,17 @@ def explain_session(core: RouterCore, session_id: str, now_s: float, now_unix_s:
     queue = list(core.held.values())
     position = next((i + 1 for i, h in enumerate(queue) if h.session_id == session_id), None)
     waiting = None if s.waiting_since_s is None else max(0.0, now_s - s.waiting_since_s)
+    pool = sorted((p for p in core.sessions.values() if not p.admitted),
+                  key=lambda p: (-(p.held > 0), -_best_credit(core, p.id, now_s),
+                                 p.waiting_since_s if p.waiting_since_s is not None else now_s, p.id))
+    rank = next((i + 1 for i, p in enumerate(pool) if p.id == session_id), None)
     constraint, reason, admit = _constraint(core, session_id, phase, credits, tenant, plan, readiness)
     held = constraint not in ("running", "admitted")
     return SessionExplanation(
         session=s.id, tenant=s.tenant, phase=phase, admitted=s.admitted, replica=s.replica,
         footprint_tokens=s.footprint_tokens, context_tokens=s.tokens.context_tokens, requests=s.tokens.requests,
         in_flight=s.in_flight, held_requests=s.held, waiting_s=waiting, queue_position=position,
-        queue_length=len(queue), credits=credits, readiness=readiness, tenant_facts=tenant, plan=plan,
+        queue_length=len(queue), pool_rank=rank, pool_size=len(pool), credits=credits, readiness=readiness, tenant_facts=tenant, plan=plan,
         held=held, constraint=constraint, reason=reason, admit_when=admit,
     )
 
@@ -276,7 +299,7 @@ def _constraint(core: RouterCore, sid: str, phase: str, credits: tuple[ReplicaCr
     if phase == "RUNNING":
         text = f"running on {s.replica}: {s.in_flight} request(s) in flight"
         if s.pause_pending:
-            text += f"; the plan ({by_plan}) pauses it when its request ends"
+            text += f"; a plan (last applied: {by_plan}) pauses it when its request ends"
         return "running", text, ()
     if not core.config.gating:
         if s.held == 0:
@@ -284,8 +307,8 @@ def _constraint(core: RouterCore, sid: str, phase: str, credits: tuple[ReplicaCr
         return "per_request", f"per-request policy {plan.policy}: {rejected or 'no replica can take it'}", (
             "a healthy replica",)
     if s.admitted and s.held == 0 and not s.pause_pending:
-        return "admitted", f"admitted on {s.replica} by {by_plan}; between requests (a tool runs), its next " \
-                           "request goes straight through", ()
+        return "admitted", f"admitted on {s.replica} (last plan applied: {by_plan}); between requests (a tool " \
+                           "runs), its next request goes straight through", ()
     if not any(c.takes_sessions for c in credits):
         return "no_replica", "no replica takes sessions (none healthy with a known KV capacity)", (
             "a replica becoming healthy (check `GET /health` and the replicas' /health)",)
@@ -301,10 +324,11 @@ def _constraint(core: RouterCore, sid: str, phase: str, credits: tuple[ReplicaCr
             f"a request of tenant {s.tenant} ending (frees a slot)",
             f"the budget service raising tenant {s.tenant}'s cap (next allocation)")
     if s.pause_pending:
-        return "pause_pending", f"marked to pause on {s.replica} by {by_plan}", (
+        return "pause_pending", f"marked by a plan to pause on {s.replica} (last plan applied: {by_plan})", (
             "a later plan admitting it again",)
     if s.admitted:
-        return "admitted", f"admitted on {s.replica} by {by_plan}; its held request is about to be forwarded", ()
+        return "admitted", f"admitted on {s.replica} (last plan applied: {by_plan}); its held request is about " \
+                           "to be forwarded", ()
     if plan.planner_silent and not plan.fallback_live:
         return "no_live_plan", "no live plan: the planner is silent and the local fallback has not run yet", (
             "the planner publishing a plan, or the local fallback running",)

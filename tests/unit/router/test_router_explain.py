@@ -45,7 +45,7 @@ def test_admitted_session_between_requests() -> None:
     assert not ex.readiness.ready and ex.readiness.source == "prediction" and ex.readiness.current
     assert ex.readiness.returns_in_s == 10.0
     text = ex.to_text()
-    assert "not held: admitted on r1 by planner rev 7" in text
+    assert "not held: admitted on r1 (last plan applied: planner rev 7)" in text
     assert "bash expected to return in 10.0 s" in text
     assert "r1" in text and "k=550" in text
     body = json.loads(json.dumps(ex.to_json()))
@@ -61,6 +61,7 @@ def test_held_session_that_fits_nowhere_names_the_replica_and_the_tokens_missing
     ex = explain_session(core, "s2", 6.0, 1006.0, plan=PLAN)
     assert ex.phase == "WAITING" and ex.held and ex.constraint == "capacity"
     assert ex.queue_position == 1 and ex.queue_length == 1 and ex.waiting_s == 1.0
+    assert ex.pool_rank == 1 and ex.pool_size == 1
     assert ex.readiness.ready and ex.readiness.source == "held_request"
     free = {c.replica: c.free_tokens for c in ex.credits}
     roomiest = max(free, key=lambda r: free[r])
@@ -103,6 +104,9 @@ def test_paused_session_and_stale_prediction() -> None:
     pred = PredictionFacts("c", "pytest", False, "", "default", 60.0, 50.0, 900.0, 900.0, 960.0)
     ex = explain_session(core, "s4", 4.0, 1004.0, prediction=pred, plan=PLAN, acting_since_unix_s=1001.0)
     assert ex.phase == "PAUSED" and ex.held and ex.constraint == "paused"
+    core.arrive(5.0, NewRequest("w", "s5", "A", False, 100, 10))  # a held request ranks first in the pool
+    ex = explain_session(core, "s4", 5.0, 1005.0, prediction=pred, plan=PLAN, acting_since_unix_s=1001.0)
+    assert (ex.pool_rank, ex.pool_size) == (2, 2) and "pool order: 2 of 2" in ex.to_text()
     assert "paused by plan (planner rev 9)" in ex.reason
     assert ex.readiness.source == "prediction_stale" and not ex.readiness.ready
     assert "its tool returning" in ex.admit_when[0]
