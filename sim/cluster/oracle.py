@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from services.planner.core.model import Plan, Snapshot
 from services.planner.core.registry import POLICIES
-from services.planner.core.tao import TaoPolicy
+from services.planner.core.tao import TAO, TaoPolicy
 
 
 class OraclePolicy:
@@ -34,7 +34,7 @@ class OraclePolicy:
     uses_ground_truth = True
 
     def __init__(self) -> None:
-        self._tao = TaoPolicy("oracle")
+        self._tao = TaoPolicy("oracle", TAO)
 
     def plan(self, snapshot: Snapshot) -> Plan:
         return self._tao.plan(snapshot)
