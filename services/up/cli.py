@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from services.common.extras import require
 from services.driver.driver import DriverConfig, DriverResult, RequestResult, ToolEvents, TraceDriver
 from services.driver.results import metrics_of, scrape_counters
+from services.up.panels import MetricsSampler, write_panels
 from services.up.procs import PortInUse
 from services.up.report import comparison, write_report
 from services.up.stack import Stack, StackAddresses, StackConfig
@@ -125,7 +126,7 @@ async def _poll_control_plane(addrs: StackAddresses, stats: LiveStats) -> None:
 
 
 async def _drive(addrs: StackAddresses, sessions: list[Any], args: argparse.Namespace, policy: str,
-                 console: Console) -> DriverResult:
+                 console: Console, sampler: MetricsSampler | None = None) -> DriverResult:
     from rich.live import Live
 
     tools: ToolEvents | None = None
@@ -138,6 +139,7 @@ async def _drive(addrs: StackAddresses, sessions: list[Any], args: argparse.Name
                           concurrency=args.concurrency or len(sessions), tenant_header="x-tao-tenant")
     driver = TraceDriver(config, tools, on_request=stats.on_request)
     poller = asyncio.create_task(_poll_control_plane(addrs, stats))
+    sampling = asyncio.create_task(sampler.run()) if sampler is not None else None
     run = asyncio.create_task(driver.run(sessions))
     try:
         with Live(stats.table(driver), console=console, refresh_per_second=2, transient=False) as live:
@@ -153,9 +155,11 @@ async def _drive(addrs: StackAddresses, sessions: list[Any], args: argparse.Name
             console.print(f"[yellow]--duration reached: {driver.done} sessions finished[/]")
             return DriverResult([], time.monotonic() - stats.started, args.time_scale, 0)
     finally:
-        poller.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await poller
+        for task in (poller, sampling):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
 
 def no_workload_banner(addrs: StackAddresses) -> str:
@@ -221,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
     results: dict[str, DriverResult] = {}
     metrics: dict[str, dict[str, Any]] = {}
     stack: Stack | None = None
+    panel_pngs: list[Path] = []
     try:
         report_dir.mkdir(parents=True, exist_ok=True)
         write_trace(sessions, report_dir / "trace.jsonl")
@@ -239,7 +244,9 @@ def run(args: argparse.Namespace) -> int:
                     time.sleep(1.0)
                 console.print(f"[red]a process died:[/] {stack.failed()}")
                 return 1
-            result = asyncio.run(_drive(addrs, sessions, args, policy, console))
+            sampler = MetricsSampler(addrs.metrics_urls)
+            result = asyncio.run(_drive(addrs, sessions, args, policy, console, sampler))
+            panel_pngs += write_panels(report_dir / "panels", sampler.scrapes, policy)
             counters = asyncio.run(scrape_counters(addrs.replicas))  # a fresh stack: counted from 0
             results[policy] = result
             metrics[policy] = metrics_of(result, counters.preemptions, counters.busy_s)
@@ -255,7 +262,8 @@ def run(args: argparse.Namespace) -> int:
         config = {"replicas": args.replicas, "profile": args.profile, "workload": args.workload,
                   "sessions": args.sessions, "time_scale": args.time_scale, "policies": policies_to_run,
                   "seed": args.seed, "budget": args.budget}
-        page = write_report(report_dir, config, metrics, results, comparisons, lower_bound=bound.to_json())
+        page = write_report(report_dir, config, metrics, results, comparisons, lower_bound=bound.to_json(),
+                            panels=panel_pngs)
         console.print(_summary_table(metrics, comparisons))
         lb = bound.to_json()
         console.print(f"no-contention lower bound ({args.profile}, each session alone, cache never evicted, tools at "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,9 @@ def comparison(policies: Mapping[str, Mapping[str, Any]], main: str, baseline: s
 
 def write_report(out_dir: Path, config: dict[str, Any], policies: dict[str, dict[str, Any]],
                  runs: Mapping[str, DriverResult], comparisons: dict[str, dict[str, float | None]],
-                 lower_bound: Mapping[str, Any] | None = None) -> Path:
-    """``lower_bound``: the trace's no-contention lower bound (``sim.cluster.lower_bound``)."""
+                 lower_bound: Mapping[str, Any] | None = None, panels: Sequence[Path] = ()) -> Path:
+    """``lower_bound``: the trace's no-contention lower bound (``sim.cluster.lower_bound``);
+    ``panels``: the dashboard panels' PNGs (``services/up/panels.py``), shown after the plots."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"config": config, "policies": policies, "comparison": comparisons}
     if lower_bound is not None:
@@ -53,7 +54,7 @@ def write_report(out_dir: Path, config: dict[str, Any], policies: dict[str, dict
     comp_head = "".join(f"<th>{html.escape(k)}</th>" for k in next(iter(comparisons.values()), {}))
     images = "".join(
         f'<figure><img alt="{p.stem}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">'
-        f"<figcaption>{p.stem}</figcaption></figure>" for p in plots
+        f"<figcaption>{p.stem}</figcaption></figure>" for p in [*plots, *panels]
     )
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>TAO report</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse}}

@@ -51,6 +51,8 @@ class StackAddresses:
     replicas: list[str]
     #: the replica URLs the router was given (differ from ``replicas`` when a fault proxy sits between)
     router_replicas: list[str] = field(default_factory=list)
+    #: Prometheus /metrics URL per service (the router's is on its HTTP port)
+    metrics_urls: dict[str, str] = field(default_factory=dict)
 
 
 def _grpc_serving(address: str) -> bool:
@@ -163,10 +165,14 @@ class Stack:
         self.ports.update(ports)
         self.ports["router_http"] = http_port
         urls = {name: (redis_urls or {}).get(name, redis_url) for name in ports}
+        mports = {name: free_port() for name in ("planner", "predictor", "budget")}
+        self.ports.update({f"{name}_metrics": port for name, port in mports.items()})
         children = {
-            "planner": self._service("planner", ports["planner"], urls["planner"], "--policy", cfg.policy),
-            "predictor": self._service("predictor", ports["predictor"], urls["predictor"]),
-            "budget": self._service("budget", ports["budget"], urls["budget"]),
+            "planner": self._service("planner", ports["planner"], urls["planner"], "--policy", cfg.policy,
+                                     "--metrics-port", str(mports["planner"])),
+            "predictor": self._service("predictor", ports["predictor"], urls["predictor"],
+                                       "--metrics-port", str(mports["predictor"])),
+            "budget": self._service("budget", ports["budget"], urls["budget"], "--metrics-port", str(mports["budget"])),
         }
         routed = list(router_replicas or replica_urls)
         router_extra = ["--http-port", str(http_port), "--policy", cfg.policy]
@@ -186,6 +192,8 @@ class Stack:
             budget=f"127.0.0.1:{ports['budget']}",
             replicas=list(replica_urls),
             router_replicas=routed,
+            metrics_urls={"router": f"http://127.0.0.1:{http_port}/metrics",
+                          **{name: f"http://127.0.0.1:{port}/metrics" for name, port in mports.items()}},
         )
         asyncio.run(self._configure_budget())
         return self.addresses

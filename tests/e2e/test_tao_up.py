@@ -68,6 +68,11 @@ def test_tao_up_short_workload_writes_a_complete_report(tmp_path: Path) -> None:
     for name in ("index.html", "latency_cdf.png", "throughput.png", "hit_rate.png", "trace.jsonl"):
         assert (report / name).stat().st_size > 0, name
     assert "data:image/png;base64," in (report / "index.html").read_text()
+    # the Grafana dashboard's panels as PNGs (services/up/panels.py), per policy
+    for policy in ("tao", "round_robin"):
+        pngs = sorted((report / "panels").glob(f"panel-{policy}-*.png"))
+        assert len(pngs) == 7 and all(p.stat().st_size > 0 for p in pngs), pngs
+    assert "panel-tao-1-sessions" in (report / "index.html").read_text()
     assert "TAO vs baseline" in out.stdout
     leftovers = sorted(p.name for p in tmp_path.iterdir() if p.name != "report")
     assert leftovers == [], f"files outside the report folder: {leftovers}"
