@@ -12,8 +12,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-Phase = Literal["WAITING", "RUNNING", "ACTING", "PAUSED", "ENDED"]
-EvidenceKind = Literal["kv_events", "cached_tokens", "volume"]
+from services.common.vocabulary import EvidenceKind, Phase
 
 
 class RecordError(ValueError):

@@ -24,9 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-PHASES = ("WAITING", "RUNNING", "ACTING", "PAUSED", "ENDED")
-# Cache-credit evidence, strongest first (docs/algorithms.md#cache-credit).
-EVIDENCE_KINDS = ("kv_events", "cached_tokens", "volume")
+from services.common.vocabulary import EVIDENCE_KINDS, PHASES
 
 
 class SnapshotError(ValueError):

@@ -25,7 +25,7 @@ import numpy.typing as npt
 from services.planner.core.model import EVIDENCE_KINDS, Objective, ReplicaState, SessionState
 
 HALF_LIFE_S = 10.0  # the TAO paper: k = k0 · 2^(−τ/h), h = 10 s (docs/algorithms.md#cache-credit)
-EVIDENCE_RANK = {kind: rank for rank, kind in enumerate(EVIDENCE_KINDS)}
+EVIDENCE_RANK: dict[str, int] = {kind: rank for rank, kind in enumerate(EVIDENCE_KINDS)}
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]

@@ -13,7 +13,8 @@ One observation per replica is kept (the newest); a failed replica's evidence is
 
 from __future__ import annotations
 
-from services.router.core.model import CacheEvidence, EvidenceKind, Usage
+from services.common.vocabulary import EvidenceKind
+from services.router.core.model import CacheEvidence, Usage
 
 
 def observe_usage(

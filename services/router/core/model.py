@@ -11,10 +11,8 @@ sessions are removed from the table.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
-Phase = Literal["WAITING", "RUNNING", "ACTING", "PAUSED", "ENDED"]
-EvidenceKind = Literal["kv_events", "cached_tokens", "volume"]
+from services.common.vocabulary import EvidenceKind, Phase
 
 
 @dataclass(frozen=True, slots=True)
