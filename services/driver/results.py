@@ -9,7 +9,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.driver.driver import DriverResult, RequestResult, TraceDriver
-from sim.cluster.metrics import RequestRecord, SessionRecord, summarize
+from sim.cluster.metrics import RequestRecord, SessionOutcome, summarize
 from sim.workload.trace import Session
 
 #: a request counts as a paused wait when its response headers took at least this long,
@@ -38,13 +38,13 @@ def wait_of(r: RequestResult) -> float:
     return r.hold_s or 0.0
 
 
-def to_records(result: DriverResult) -> tuple[list[RequestRecord], list[SessionRecord]]:
+def to_records(result: DriverResult) -> tuple[list[RequestRecord], list[SessionOutcome]]:
     requests: list[RequestRecord] = []
-    sessions: list[SessionRecord] = []
+    sessions: list[SessionOutcome] = []
     threshold = pause_threshold_s(result.time_scale)
     for s in result.sessions:
         if s.completed:
-            sessions.append(SessionRecord(s.session_id, s.started_at_s, s.ended_at_s))
+            sessions.append(SessionOutcome(s.session_id, s.started_at_s, s.ended_at_s))
         for r in s.requests:
             if r.error is not None or r.ttft_s is None:
                 continue

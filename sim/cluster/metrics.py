@@ -74,7 +74,7 @@ class RequestRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class SessionRecord:
+class SessionOutcome:
     session_id: str
     start_s: float
     end_s: float
@@ -86,7 +86,7 @@ def _mean(values: Sequence[float]) -> float:
 
 def summarize(
     requests: Sequence[RequestRecord],
-    sessions: Sequence[SessionRecord],
+    sessions: Sequence[SessionOutcome],
     preemptions: int,
     planner_wall_s: float,
     busy_s: float | None = None,

@@ -6,12 +6,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from services.common.extras import require
-from sim.cluster.metrics import SessionRecord, TimeSeries
+from sim.cluster.metrics import SessionOutcome, TimeSeries
 
 
 def write_plots(
     out_dir: str | Path,
-    latencies: Mapping[str, Sequence[SessionRecord]],
+    latencies: Mapping[str, Sequence[SessionOutcome]],
     series: Mapping[str, TimeSeries],
     title: str = "",
 ) -> list[Path]:

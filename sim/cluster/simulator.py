@@ -43,7 +43,7 @@ from services.router.core.plans import PAUSE_DROPPED
 from services.router.core.snapshot import build_snapshot
 from services.router.core.state import RouterCore
 from sim.cluster.kv_events import with_kv_events
-from sim.cluster.metrics import RequestRecord, SessionRecord
+from sim.cluster.metrics import RequestRecord, SessionOutcome
 from sim.cluster.state import SimSession
 from sim.engine import ChainCache, Engine, EngineRequest, Profile, StepResult, TokenContent, get_profile
 from sim.workload.trace import Session
@@ -125,7 +125,7 @@ class _Replica:
 class RunResult:
     policy: str
     requests: list[RequestRecord]
-    sessions: list[SessionRecord]
+    sessions: list[SessionOutcome]
     preemptions: int
     planner_wall_s: float
     plans: int
@@ -186,7 +186,7 @@ class ClusterSim:
         self._plan_at: float | None = None
         self._last_progress_s = 0.0
         self.records: list[RequestRecord] = []
-        self.done: list[SessionRecord] = []
+        self.done: list[SessionOutcome] = []
         self.plans = 0
         self.counters: dict[str, int] = {
             "admitted": 0, "admitted_moved": 0, "rejected": 0, "paused_acting": 0, "pause_deferred": 0,
@@ -347,7 +347,7 @@ class ClusterSim:
         s.phase = "ENDED"
         self.core.release(self.now, s.id)  # the harness ends the task's session
         del self.active[s.id]
-        self.done.append(SessionRecord(s.id, s.start_s, self.now))
+        self.done.append(SessionOutcome(s.id, s.start_s, self.now))
         self._fill_slots()
         if self.gating:
             self._trigger_plan()
