@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from sim.engine.profiles import GLM47_FP8_H100X8, QWEN3_32B_H100X2, Profile
 from sim.workload.generate import GenerateOptions, generate
 
-QWEN3_32B_H100X4 = replace(QWEN3_32B_H100X2, name="qwen3-32b-h100x4")
+QWEN3_32B_H100X4 = replace(QWEN3_32B_H100X2, name="qwen3-32b-h100x4", tp=4)
 """Qwen3-32B with TP4 on 4×H100 — the 2-node setup's stand-in model (see module docstring)."""
 
 SYSTEM_BASELINES: tuple[str, ...] = ("round_robin", "least_loaded", "cache_aware", "thunderagent", "continuum",
