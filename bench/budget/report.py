@@ -45,7 +45,7 @@ def aggregate(runs: Sequence[PolicyRun]) -> dict[str, Any]:
     out["final_caps_by_seed"] = [r.final_caps for r in runs]
     out["caps_timeline"] = runs[0].caps_timeline
     out["sim_wall_s"] = sum(r.wall_s for r in runs)
-    out["runs"] = [{k: v for k, v in asdict(r).items() if k != "caps_timeline"} for r in runs]
+    out["runs"] = [{k: v for k, v in asdict(r).items() if k not in ("caps_timeline", "trace")} for r in runs]
     return out
 
 
@@ -53,16 +53,18 @@ def run_scenario(scenario: Scenario, seeds: Sequence[int], params: DynamicParams
                  progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     policies: dict[str, Any] = {}
     for spec in scenario.policies:
-        p = params if spec.slo_boost is None else replace(params, slo_boost=spec.slo_boost)
+        p = replace(params, **dict(spec.overrides))
         runs = []
         for seed in seeds:
-            runs.append(run_policy(scenario, spec.label, make_policy(spec.registry, p), seed, spec.overcommit))
+            runs.append(run_policy(scenario, spec.label, make_policy(spec.registry, p), seed))
             progress(f"{scenario.name}/{spec.label} seed {seed}: {runs[-1].total_tokens_per_s:,.0f} tok/s")
         policies[spec.label] = aggregate(runs)
     base = policies["static"]
     ratios = {
         label: {"total_tokens_per_s": agg["total_tokens_per_s"] / base["total_tokens_per_s"],
-                "p99_latency_s": agg["p99_latency_s"] / base["p99_latency_s"]}
+                "p99_latency_s": agg["p99_latency_s"] / base["p99_latency_s"],
+                "per_tenant_p99_latency_s": {n: v / base["per_tenant_p99_latency_s"][n]
+                                             for n, v in agg["per_tenant_p99_latency_s"].items()}}
         for label, agg in policies.items() if label != "static"
     }
     return {
@@ -88,8 +90,8 @@ def render(result: dict[str, Any]) -> list[str]:
              f"{result['measure_s']:g} s measured after {result['warmup_s']:g} s warm-up, seeds {result['seeds']}"]
     lines += [f"   {w}" for w in result["workload"]]
     head = (f"   {'policy':18} {'tok/s':>8} {'per tenant tok/s':>26} {'done':>6} {'req/s':>6} {'p99 s':>6} "
-            f"{'p99 per tenant s':>22} {'KV %':>5} {'max in':>6} {'mean caps':>18} {'final caps':>18} {'moves to':>12} "
-            f"{'holds':>5}")
+            f"{'p99 per tenant s':>22} {'mean wait per tenant s':>24} {'KV %':>5} {'max in':>6} {'mean caps':>18} "
+            f"{'final caps':>18} {'moves to':>12} {'holds':>5}")
     lines.append(head)
     for label, agg in result["policies"].items():
         caps = ",".join(f"{k}:{v}" for k, v in agg["final_caps"].items())
@@ -98,10 +100,12 @@ def render(result: dict[str, Any]) -> list[str]:
         lines.append(
             f"   {label:18} {agg['total_tokens_per_s']:8,.0f} {_fmt_map(agg['per_tenant_tokens_per_s']):>26} "
             f"{agg['completed_requests']:6.0f} {agg['requests_per_s']:6.1f} {agg['p99_latency_s']:6.2f} "
-            f"{_fmt_map(agg['per_tenant_p99_latency_s'], 2):>22} {100 * agg['mean_kv_usage']:5.1f} "
+            f"{_fmt_map(agg['per_tenant_p99_latency_s'], 2):>22} {_fmt_map(agg['per_tenant_mean_wait_s'], 2):>24} "
+            f"{100 * agg['mean_kv_usage']:5.1f} "
             f"{agg['max_in_flight']:6.0f} {mean_caps:>18} {caps:>18} {moves:>12} {agg['holds']:5.0f}")
     for label, r in result["ratios_vs_static"].items():
+        per = ", ".join(f"{n} {100 * (v - 1):+.1f} %" for n, v in r["per_tenant_p99_latency_s"].items())
         lines.append(f"   {label} / static: throughput x{r['total_tokens_per_s']:.3f} "
                      f"({100 * (r['total_tokens_per_s'] - 1):+.1f} %), p99 x{r['p99_latency_s']:.3f} "
-                     f"({100 * (r['p99_latency_s'] - 1):+.1f} %)")
+                     f"({100 * (r['p99_latency_s'] - 1):+.1f} %); p99 per tenant {per}")
     return lines

@@ -1,13 +1,18 @@
 """Discrete-event run of one scenario under one budget policy, in virtual time.
 
-One ``sim.engine.Engine`` (the vLLM V1 model) on the scenario's profile; in front of it the
-router's admission rule (``Allocation.admits``: below the tenant's limit, and within its cap
-or into a slot a draining donor has vacated; held requests wait FIFO, nothing is
-preempted, the in-flight total never exceeds B); every
-``tick_s`` the *same* budget core the service runs (``services.budget.core``) observes each
-tenant's waiting and in-flight counts, its p99 latency over the last 10 s and the engine's KV
-use, and returns the next allocation. Requests forwarded at one instant enter the engine in
-arrival order (vLLM's FCFS queue). Time advances by the engine's modelled step durations.
+One ``sim.engine.Engine`` (the vLLM V1 model) on the scenario's profile behind the router's
+own core (``services.router.core.state.RouterCore``, a per-request routing policy, one
+replica): every request arrives through ``RouterCore.arrive`` and is held or granted by the
+core's admission (budget ``may_admit``: below the tenant's limit, and within its cap or into a
+slot a draining donor has vacated; nothing is preempted), every completion goes through
+``RouterCore.finish`` followed by ``dispatch`` (the router's pump). Every ``tick_s`` the *same*
+budget core the service runs (``services.budget.core``) observes what the router's demand
+record carries — held and in-flight requests per tenant from the core's counters, the p99 of
+the tenant's last 1000 latencies measured from arrival at the router
+(``services/router/store.py``) — and the engine's KV use, and its allocation is applied with
+``RouterCore.set_caps`` followed by a pump, as ``services/router/runtime.py`` does. Granted
+requests enter the engine in grant order (vLLM's FCFS queue). Time advances by the engine's
+modelled step durations.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import math
 import random
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,10 +38,11 @@ from services.budget.core import (
     TenantObservation,
 )
 from services.common.stats import percentile
+from services.planner.core.registry import make_policy as make_router_policy
+from services.router.core.model import CoreConfig, Grant, NewRequest, Replica, Usage
+from services.router.core.state import RouterCore
 from sim.engine import Engine, EngineRequest, get_profile
 from sim.engine.tokens import SyntheticContent
-
-P99_WINDOW_S = 10.0
 
 
 @dataclass
@@ -46,6 +53,17 @@ class _Req:
     prompt_tokens: int
     output_tokens: int
     admitted_s: float = math.nan
+
+
+@dataclass(frozen=True)
+class TickTrace:
+    """What one tick saw (held and in-flight requests per tenant) and decided."""
+
+    at_s: float
+    waiting: dict[str, int]
+    in_flight: dict[str, int]
+    caps: dict[str, int]
+    limits: dict[str, int]
 
 
 @dataclass
@@ -65,7 +83,7 @@ class PolicyRun:
     per_tenant_mean_wait_s: dict[str, float]
     mean_kv_usage: float
     engine_busy_frac: float
-    max_in_flight: int  # largest total in flight seen (<= B unless overcommit)
+    max_in_flight: int  # largest total in flight seen (never above B)
     mean_caps: dict[str, float]  # caps averaged over the ticks of the window
     final_caps: dict[str, int]
     moves_to: dict[str, int]
@@ -73,6 +91,7 @@ class PolicyRun:
     ticks: int
     preemptions: int
     caps_timeline: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+    trace: list[TickTrace] = field(default_factory=list)  # every tick from t = 0 (diagnosis)
     wall_s: float = 0.0
 
 
@@ -85,32 +104,38 @@ def _config(scenario: Scenario) -> BudgetConfig:
         TenantConfig(t.name, t.floor, t.weight, t.p99_slo_s) for t in scenario.tenants))
 
 
+ROUTER_P99_WINDOW = 1000  # services/router/store.py: the router's p99 is over a tenant's last 1000 requests
+ROUTER_POLICY = "least_loaded"  # a per-request policy: no planner in the loop, admission is the budget's alone
+REPLICA = "sim-0"
+
+
+def router_p99(values: deque[float]) -> float | None:
+    """The p99 the router reports in its demand record (services/router/store.py ``p99``)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
 def run_policy(scenario: Scenario, label: str, policy: BudgetPolicy, seed: int,
-               overcommit: bool = False) -> PolicyRun:
-    """``overcommit``: admit up to each limit without waiting for vacated slots (ablation)."""
+               check: Callable[[Allocation, RouterCore], None] | None = None) -> PolicyRun:
+    """One scenario under one policy through the router's core and the budget core.
+
+    ``check(allocation, core)``: called after every tick (tests assert invariants there)."""
     started = time.perf_counter()
     rng = random.Random(seed)
     end_s = scenario.warmup_s + scenario.measure_s
     lo_s = scenario.warmup_s
     engine = Engine(get_profile(scenario.profile))
+    core = RouterCore(CoreConfig(gating=False, sticky=False), make_router_policy(ROUTER_POLICY))
+    core.upsert_replica(Replica(REPLICA, "sim://0", kv_capacity_tokens=engine.capacity_tokens, healthy=True), 0.0)
     config = _config(scenario)
     loads = {t.name: t for t in scenario.tenants}
     names = config.names
     arrivals = sorted((t, n) for n, load in loads.items() for t in load.arrivals(end_s, rng))
-    queues: dict[str, deque[_Req]] = {n: deque() for n in names}
-    in_flight = dict.fromkeys(names, 0)
     live: dict[str, _Req] = {}
     ids = itertools.count()
-    recent: dict[str, deque[tuple[float, float]]] = {n: deque() for n in names}
-
-    def new_request(load: TenantLoad, at_s: float) -> _Req:
-        rid = f"{load.name}-{next(ids)}"
-        prompt = load.system_prompt_tokens + rng.randint(*load.prompt_tokens)
-        return _Req(rid, load.name, at_s, prompt, load.output_tokens)
-
-    for load in scenario.tenants:
-        if load.kind == "closed":
-            queues[load.name].extend(new_request(load, 0.0) for _ in range(load.outstanding))
+    reported: dict[str, deque[float]] = {n: deque(maxlen=ROUTER_P99_WINDOW) for n in names}
 
     done: dict[str, list[float]] = {n: [] for n in names}
     waits: dict[str, list[float]] = {n: [] for n in names}
@@ -119,6 +144,7 @@ def run_policy(scenario: Scenario, label: str, policy: BudgetPolicy, seed: int,
     holds = ticks = 0
     kv_area = busy_s = 0.0
     timeline: list[tuple[float, dict[str, int]]] = []
+    trace: list[TickTrace] = []
     alloc: Allocation | None = None
     now, next_tick, ai = 0.0, 0.0, 0
     preempt_start = 0
@@ -127,51 +153,59 @@ def run_policy(scenario: Scenario, label: str, policy: BudgetPolicy, seed: int,
     def in_window(t: float) -> bool:
         return lo_s <= t < end_s
 
-    while now < end_s:
-        while ai < len(arrivals) and arrivals[ai][0] <= now:
-            t_arr, name = arrivals[ai]
-            queues[name].append(new_request(loads[name], t_arr))
-            ai += 1
-        if now >= next_tick:
-            obs = {}
-            for n in names:
-                window = recent[n]
-                while window and window[0][0] < now - P99_WINDOW_S:
-                    window.popleft()
-                lat = [x for _, x in window]
-                obs[n] = TenantObservation(n, len(queues[n]), in_flight[n], now, _p99(lat) if lat else None)
-            state = BudgetState(now, config, obs, alloc, ClusterObservation(engine.kv_cache_usage))
-            alloc = policy.reallocate(state)
-            if in_window(now):
-                ticks += 1
-                holds += alloc.is_hold
-                for n in alloc.moved_to:
-                    moves[n] += 1
-                timeline.append((round(now - lo_s, 3), dict(alloc.caps)))
-            if now < lo_s:
-                preempt_start = engine.num_preemptions_total
-            next_tick += scenario.tick_s
-        assert alloc is not None
-        admitted: list[_Req] = []
-        for n in names:  # within its own cap and limit: always admissible
-            q = queues[n]
-            while q and in_flight[n] < min(alloc.caps[n], alloc.limits[n]):
-                admitted.append(q.popleft())
-                in_flight[n] += 1
-        while True:  # into slots draining donors vacated (Allocation.admits), oldest head first
-            heads = sorted((queues[n][0].arrival_s, n) for n in names if queues[n])
-            pick = next((n for _, n in heads if (in_flight[n] < alloc.limits[n] if overcommit
-                                                 else alloc.admits(n, in_flight))), None)
-            if pick is None:
-                break
-            admitted.append(queues[pick].popleft())
-            in_flight[pick] += 1
-        max_in_flight = max(max_in_flight, sum(in_flight.values())) if now >= lo_s else max_in_flight
-        for r in sorted(admitted, key=lambda r: (r.arrival_s, r.rid)):
+    def start(grants: list[Grant]) -> None:
+        nonlocal max_in_flight
+        for g in grants:
+            r = live[g.request_id]
             r.admitted_s = now
-            live[r.rid] = r
             content = SyntheticContent(r.rid, f"{r.tenant}-system", loads[r.tenant].system_prompt_tokens)
             engine.add_request(EngineRequest(r.rid, content, r.prompt_tokens, r.output_tokens))
+        if grants and now >= lo_s:
+            max_in_flight = max(max_in_flight, len(core.in_flight))
+
+    def arrive(load: TenantLoad, at_s: float) -> None:
+        rid = f"{load.name}-{next(ids)}"
+        prompt = load.system_prompt_tokens + rng.randint(*load.prompt_tokens)
+        live[rid] = _Req(rid, load.name, at_s, prompt, load.output_tokens)
+        g = core.arrive(now, NewRequest(rid, rid, load.name, True, prompt, load.output_tokens))
+        start([g] if g is not None else [])
+
+    def tick() -> None:
+        nonlocal alloc, holds, ticks, preempt_start
+        obs = {n: TenantObservation(n, core.tenant_held.get(n, 0), core.tenant_in_flight.get(n, 0), now,
+                                    router_p99(reported[n])) for n in names}
+        state = BudgetState(now, config, obs, alloc, ClusterObservation(engine.kv_cache_usage))
+        alloc = policy.reallocate(state)
+        core.set_caps(alloc.caps, alloc.limits)  # the router applies the allocation and pumps
+        start(core.dispatch(now))
+        if check is not None:
+            check(alloc, core)
+        if in_window(now):
+            ticks += 1
+            holds += alloc.is_hold
+            for n in alloc.moved_to:
+                moves[n] += 1
+            timeline.append((round(now - lo_s, 3), dict(alloc.caps)))
+        trace.append(TickTrace(now, {n: obs[n].waiting for n in names}, {n: obs[n].in_flight for n in names},
+                               dict(alloc.caps), dict(alloc.limits)))
+        if now < lo_s:
+            preempt_start = engine.num_preemptions_total
+
+    tick()  # the router has the first allocation before the first request
+    next_tick = scenario.tick_s
+    for load in scenario.tenants:
+        if load.kind == "closed":
+            for _ in range(load.outstanding):
+                arrive(load, 0.0)
+
+    while now < end_s:
+        if now >= next_tick:
+            tick()
+            next_tick += scenario.tick_s
+        while ai < len(arrivals) and arrivals[ai][0] <= now:
+            t_arr, name = arrivals[ai]
+            arrive(loads[name], t_arr)
+            ai += 1
         if engine.has_work():
             res = engine.step()
             if not res.idle:
@@ -182,17 +216,17 @@ def run_policy(scenario: Scenario, label: str, policy: BudgetPolicy, seed: int,
                 now += dt
                 for f in res.finished:
                     r = live.pop(f.request_id)
-                    in_flight[r.tenant] -= 1
+                    core.finish(now, r.rid, Usage(f.prompt_tokens, f.output_tokens, f.cached_tokens))
+                    reported[r.tenant].append(now - r.arrival_s)  # the router's latency: from arrival
                     load = loads[r.tenant]
-                    start = r.admitted_s if load.kind == "closed" else r.arrival_s
-                    latency = now - start
-                    recent[r.tenant].append((now, latency))
+                    latency = now - (r.admitted_s if load.kind == "closed" else r.arrival_s)
                     if in_window(now):
                         done[r.tenant].append(latency)
                         waits[r.tenant].append(r.admitted_s - r.arrival_s)
                         tokens[r.tenant] += f.output_tokens
-                    if load.kind == "closed":
-                        queues[r.tenant].append(new_request(load, now))
+                    start(core.dispatch(now, r.tenant))  # the router pumps after every finish
+                    if load.kind == "closed":  # the client sends its next request on the response
+                        arrive(load, now)
                 continue
         nxt = min(arrivals[ai][0] if ai < len(arrivals) else end_s, next_tick, end_s)
         overlap = max(0.0, min(nxt, end_s) - max(now, lo_s))
@@ -221,5 +255,6 @@ def run_policy(scenario: Scenario, label: str, policy: BudgetPolicy, seed: int,
         moves_to=moves, holds=holds, ticks=ticks,
         preemptions=engine.num_preemptions_total - preempt_start,
         caps_timeline=timeline,
+        trace=trace,
         wall_s=time.perf_counter() - started,
     )

@@ -71,18 +71,19 @@ class TenantLoad:
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """One compared policy: a registry name, an optional SLO-boost override, and the
-    admission semantics. ``overcommit`` is an ablation, not the shipped behaviour: the router
-    admits up to each tenant's limit without waiting for donors to vacate slots (a client-side
-    semaphore whose cap is simply lowered), so the in-flight total can exceed B."""
+    """One compared policy: a registry name and overrides of the controller's parameters
+    (``DynamicParams`` field -> value) for this run only."""
 
     label: str
     registry: str
-    slo_boost: float | None = None
-    overcommit: bool = False
+    overrides: tuple[tuple[str, float], ...] = ()
 
 
-STATIC_VS_DYNAMIC = (PolicySpec("static", "static"), PolicySpec("dynamic", "dynamic"))
+#: the controller as the budget-controller study shipped it (issue 19's starting point): no
+#: burst reserve, no gap lending, no p99 guard
+V0 = (("burst_reserve_frac", 0.0), ("lend_horizon_s", 0.0), ("slo_guard_frac", 1e9))
+STATIC_VS_DYNAMIC = (PolicySpec("static", "static"), PolicySpec("dynamic-v0", "dynamic", V0),
+                     PolicySpec("dynamic", "dynamic"))
 
 
 @dataclass(frozen=True)
@@ -112,16 +113,24 @@ STEADY_C = TenantLoad("C", "poisson", output_tokens=128, prompt_tokens=(128, 512
 SEED = Scenario(
     "seed", "the budget-controller study: bursty chat A vs saturating batch B, B = 96, static {A:48, B:48} vs dynamic",
     (CHAT_A, BATCH_B),
-    policies=(*STATIC_VS_DYNAMIC, PolicySpec("dynamic-overcommit", "dynamic", overcommit=True)),
+    policies=STATIC_VS_DYNAMIC,
 )
 THREE = Scenario(
     "three-tenants", "third tenant C (steady interactive, 20 req/s, 128-token outputs); static split 32/32/32",
     (CHAT_A, BATCH_B, STEADY_C),
 )
+FLOOD_X = TenantLoad("X", "onoff", output_tokens=64, prompt_tokens=(64, 448), system_prompt_tokens=128,
+                     rate_per_s=80.0, on_s=4.0, off_s=4.0, floor=4)
+ADVERSARIAL = Scenario(
+    "adversarial", "tenant X alternates idle and flood (80 req/s) every 4 s against the 2 s tick, vs saturating "
+    "batch B; static {X:48, B:48}",
+    (FLOOD_X, BATCH_B),
+)
 SLO = Scenario(
     "slo", "A bursts above its fair share (110 req/s ON) with a 1.5 s p99 SLO; dynamic with and without SLO boost",
     (replace(CHAT_A, rate_per_s=110.0, p99_slo_s=1.5), BATCH_B),
-    policies=(PolicySpec("static", "static"), PolicySpec("dynamic-slo-blind", "dynamic", slo_boost=1.0),
+    policies=(PolicySpec("static", "static"), PolicySpec("dynamic-v0", "dynamic", V0),
+              PolicySpec("dynamic-slo-blind", "dynamic", (("slo_boost", 1.0), ("slo_guard_frac", 1e9))),
               PolicySpec("dynamic", "dynamic")),
 )
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (SEED, THREE, SLO)}
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (SEED, THREE, ADVERSARIAL, SLO)}

@@ -39,6 +39,9 @@ class BudgetAllocationRecord(AllocationRecord):
 
     targets: dict[str, int] = Field(default_factory=dict)
     demand_envelope: dict[str, int] = Field(default_factory=dict)
+    burst_peak: dict[str, int] = Field(default_factory=dict)
+    idle_ms: dict[str, int] = Field(default_factory=dict)
+    min_gap_ms: dict[str, int] = Field(default_factory=dict)
     computed_at_s: float = 0.0
 
 
@@ -93,6 +96,7 @@ def allocation_to_record(alloc: Allocation, epoch: str, decided_at_unix_s: float
         epoch=epoch, rev=alloc.revision, total=alloc.total, caps=dict(alloc.caps), policy=alloc.policy,
         decisions=tuple(_decision_record(d) for d in alloc.decisions), decided_at_unix_s=decided_at_unix_s,
         limits=dict(alloc.limits), targets=dict(alloc.targets), demand_envelope=dict(alloc.demand_envelope),
+        burst_peak=dict(alloc.burst_peak), idle_ms=dict(alloc.idle_ms), min_gap_ms=dict(alloc.min_gap_ms),
         computed_at_s=alloc.computed_at_s,
     )
 
@@ -105,7 +109,8 @@ def allocation_from_record(rec: BudgetAllocationRecord) -> Allocation:
         for d in rec.decisions
     )
     return Allocation(rec.rev, rec.total, rec.caps, rec.limits or rec.caps, rec.policy, rec.computed_at_s,
-                      decisions, rec.targets, rec.demand_envelope)
+                      decisions, rec.targets, rec.demand_envelope, rec.burst_peak, rec.idle_ms,
+                      rec.min_gap_ms)
 
 
 def allocation_to_proto(rec: AllocationRecord) -> budget_pb2.Allocation:

@@ -45,6 +45,15 @@ class Settings(ServiceSettings):
     release_per_tick: float = Field(default=0.25, ge=0.0, le=1.0, description="demand envelope decay")
     slo_boost: float = Field(default=4.0, ge=1.0, le=100.0)
     kv_saturation_frac: float = Field(default=0.98, gt=0.0, le=1.0)
+    burst_reserve_frac: float = Field(default=1.0, ge=0.0, le=1.0,
+                                      description="fraction of a tenant's burst peak kept as reserve (0: none)")
+    burst_memory_s: float = Field(default=30.0, ge=0.0, description="idle time after which the burst peak decays")
+    lend_horizon_s: float = Field(default=5.0, ge=0.0,
+                                  description="lend an idle tenant's reserve while this much of its shortest gap "
+                                              "remains (0: never)")
+    lend_frac: float = Field(default=1.0, ge=0.0, le=1.0, description="fraction of the reserve lent in a gap")
+    slo_guard_frac: float = Field(default=0.8, gt=0.0,
+                                  description="p99 above this fraction of the SLO: the tenant lends nothing")
     watch_queue_size: int = Field(default=64, ge=1, description="allocations buffered per slow watcher")
 
     @field_validator("policy")
@@ -77,4 +86,6 @@ class Settings(ServiceSettings):
             step_frac=self.step_frac, min_move_slots=self.min_move_slots, headroom_frac=self.headroom_frac,
             release_per_tick=self.release_per_tick, slo_boost=self.slo_boost,
             kv_saturation_frac=self.kv_saturation_frac, stale_after_s=self.demand_stale_s,
+            burst_reserve_frac=self.burst_reserve_frac, burst_memory_s=self.burst_memory_s,
+            lend_horizon_s=self.lend_horizon_s, lend_frac=self.lend_frac, slo_guard_frac=self.slo_guard_frac,
         )

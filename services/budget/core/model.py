@@ -170,8 +170,11 @@ class Decision:
 class Allocation:
     """The result of one tick. Invariants (checked here, so a bad allocation cannot exist):
     ``sum(caps) == sum(limits) == total``; caps and limits are >= 0 and name the same
-    tenants. ``demand_envelope`` is the dynamic controller's memory (fast-rise, slow-decay
-    demand per tenant), carried so a restarted service resumes exactly."""
+    tenants. ``demand_envelope`` (fast-rise, slow-decay demand per tenant), ``burst_peak`` (the
+    largest demand, up to its static share, seen in the tenant's recent active periods),
+    ``idle_ms`` (how long the tenant has had no demand, in ms) and ``min_gap_ms`` (the shortest
+    idle gap it has completed, in ms; absent: none seen) are the dynamic controller's memory,
+    carried so a restarted service resumes exactly."""
 
     revision: int
     total: int
@@ -182,9 +185,15 @@ class Allocation:
     decisions: tuple[Decision, ...] = ()
     targets: Mapping[str, int] = field(default_factory=dict)
     demand_envelope: Mapping[str, int] = field(default_factory=dict)
+    burst_peak: Mapping[str, int] = field(default_factory=dict)
+    idle_ms: Mapping[str, int] = field(default_factory=dict)
+    min_gap_ms: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "caps", _frozen_map(self.caps))
+        object.__setattr__(self, "burst_peak", _frozen_map(self.burst_peak))
+        object.__setattr__(self, "idle_ms", _frozen_map(self.idle_ms))
+        object.__setattr__(self, "min_gap_ms", _frozen_map(self.min_gap_ms))
         object.__setattr__(self, "limits", _frozen_map(self.limits))
         object.__setattr__(self, "targets", _frozen_map(self.targets))
         object.__setattr__(self, "demand_envelope", _frozen_map(self.demand_envelope))

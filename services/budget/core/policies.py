@@ -9,18 +9,30 @@ Dynamic, made precise (one tick, every 2 s):
 2. *Demand envelope* (hysteresis in time): ``e = max(demand, floor(e_prev * release))`` —
    rises at once with demand, decays geometrically when demand falls, so a tenant whose
    queue dips between bursts does not lose slots it will need a second later.
-3. *Targets* (weighted max-min fairness): each observed tenant wants ``e + ceil(headroom *
-   e)`` slots (0 when idle), bounded below by its floor. If the wants do not fill the
-   budget, everyone gets their want and the slots nobody wants stay with whoever holds
-   them. Otherwise the budget is water-filled by weight between floor and want.
-4. *SLO.* A tenant whose reported p99 exceeds its SLO while it has requests held at the
-   router (demand > cap) is admission-limited: its weight is multiplied by ``slo_boost``
-   and it is served first. If it has nothing held, or the engine's KV cache is saturated
+3. *Burst reserve* (issue 19: the bursty tenant's tail). A slot lent to a tenant with long
+   requests comes back only when its request ends, seconds after the lender's next burst has
+   started, so each tenant keeps a *reserve* below which its target never falls: its whole
+   static share until it has shown one burst and one idle gap, then its burst peak (largest
+   demand, up to its share, since it was last idle longer than ``burst_memory_s``) plus
+   headroom, times ``burst_reserve_frac``. *p99 guard:* a tenant with an SLO whose p99 is
+   above ``slo_guard_frac`` of it keeps its whole static share. *Gap lending:* an idle
+   tenant's reserve is lent (``lend_frac`` of it) only while its shortest observed idle gap
+   lasts at least ``lend_horizon_s`` beyond the next tick (lent slots are refilled until
+   then, and a request started then may hold its slot that long); after that the reserve is
+   *called back*: the tenant becomes a receiver up to its reserve without demand, its
+   borrowers are drained, and the slots are free again when its burst is due.
+4. *Targets* (weighted max-min fairness): each observed tenant wants ``e + ceil(headroom *
+   e)`` slots (0 when idle), bounded below by its floor and its reserve. If the wants do not
+   fill the budget, everyone gets their want and the slots nobody wants stay with whoever
+   holds them. Otherwise the budget is water-filled by weight between that bound and want.
+5. *SLO.* A tenant whose reported p99 exceeds its SLO while it has requests held at the
+   router (demand > cap) is admission-limited: its weight is multiplied by ``slo_boost``,
+   it is served first and other tenants' reserves give way to it. If it has nothing held, or the engine's KV cache is saturated
    (``kv_usage >= kv_saturation_frac``), its latency is load-driven — more admission would
    only queue its requests inside the engine — so it gets no boost; the decision says so.
-5. *Move* (``reconcile.transfer``): slots a receiver already runs in vacated donor slots are
-   settled into its cap; receivers are tenants with unmet demand (demand > cap) at least
-   ``min_move_slots`` below target (hysteresis in size), served SLO-boosted first, then the
+6. *Move* (``reconcile.transfer``): slots a receiver already runs in vacated donor slots are
+   settled into its cap; receivers are tenants with unmet demand (demand > cap), or calling
+   back their reserve, at least ``min_move_slots`` below target (hysteresis in size), served SLO-boosted first, then the
    least served by weight; they take unused slots from tenants above target (idle ones
    first) and are promised busy donors' slots (drains) for the rest; a receiver's
    admission limit grows by at most ``step`` (B/4) per tick. Nothing is preempted.
@@ -42,6 +54,10 @@ from services.budget.core.model import Allocation, BudgetConfig, BudgetState, De
 from services.budget.core.reconcile import normalise, transfer, unobserved_in_transit
 from services.budget.core.split import water_fill, weighted_split
 
+#: ticks are not exactly ``tick_s`` apart (a service's sleep, a simulator's step boundary): gap
+#: and idle times within this many ms of the lending horizon count as meeting it
+LEND_JITTER_MS = 100
+
 
 def _fresh(state: BudgetState, stale_after_s: float) -> dict[str, TenantObservation]:
     return {
@@ -59,7 +75,8 @@ def _hold_in_transit(state: BudgetState, observed: Mapping[str, TenantObservatio
     prev = state.previous
     reason = f"{', '.join(missing)} unobserved while slots are in transit: allocation held"
     return Allocation(prev.revision + 1, prev.total, prev.caps, prev.limits, policy, state.now_s,
-                      (Decision("hold", reason),), prev.targets, prev.demand_envelope)
+                      (Decision("hold", reason),), prev.targets, prev.demand_envelope, prev.burst_peak,
+                      prev.idle_ms, prev.min_gap_ms)
 
 
 def _prev_limits(state: BudgetState, caps: Mapping[str, int], normalised: list[Decision]) -> Mapping[str, int]:
@@ -105,9 +122,11 @@ class StaticPolicy:
         decisions += moves
         if not any(d.kind == "move" for d in decisions):
             decisions.append(Decision("hold", "static split" if not receivers else "waiting for slots to free"))
-        env = dict(state.previous.demand_envelope) if state.previous else {}
+        prev = state.previous
+        env = dict(prev.demand_envelope) if prev else {}
         return Allocation(_next_revision(state), config.total, caps, limits, self.name, state.now_s,
-                          tuple(decisions), targets, env)
+                          tuple(decisions), targets, env, dict(prev.burst_peak) if prev else {},
+                          dict(prev.idle_ms) if prev else {}, dict(prev.min_gap_ms) if prev else {})
 
 
 @dataclass(frozen=True)
@@ -130,6 +149,24 @@ class DynamicParams:
     kv_saturation_frac: float = 0.98
     #: reports older than this (relative to the tick) are ignored
     stale_after_s: float = 10.0
+    #: burst reserve: a tenant keeps at least this fraction of its burst peak (its largest
+    #: demand, up to its static share, in its recent active periods) as target, so slots it
+    #: will need at its next burst are not lent to a tenant whose requests would hold them past
+    #: the burst's start (0: no reserve, the controller of the budget-controller study)
+    burst_reserve_frac: float = 1.0
+    #: the burst peak is kept while the tenant has been idle at most this long, then decays by
+    #: ``release_per_tick`` per tick (a tenant idle for longer is not expected back soon)
+    burst_memory_s: float = 30.0
+    #: gap lending: the reserve of an idle tenant is lent while its shortest observed idle gap
+    #: lasts at least this long beyond the next tick (the longest a borrower's request may keep
+    #: a lent slot: ~5 s for a 512-token request at full batch on qwen2.5-3b-h200); then it is
+    #: called back, so it is free again when the tenant's burst is due. 0: never lent
+    lend_horizon_s: float = 5.0
+    #: fraction of an idle tenant's reserve lent during gap lending
+    lend_frac: float = 1.0
+    #: p99 guard: a tenant with a p99 SLO whose reported p99 exceeds this fraction of it
+    #: lends nothing of its static share (its reserve is its whole static share)
+    slo_guard_frac: float = 0.8
 
     def __post_init__(self) -> None:
         if not 0 < self.step_frac <= 1:
@@ -140,6 +177,10 @@ class DynamicParams:
             raise ValueError("headroom_frac must be >= 0 and release_per_tick in [0, 1]")
         if self.slo_boost < 1 or self.stale_after_s <= 0:
             raise ValueError("slo_boost must be >= 1 and stale_after_s > 0")
+        if not 0 <= self.burst_reserve_frac <= 1 or self.burst_memory_s < 0 or self.lend_horizon_s < 0:
+            raise ValueError("burst_reserve_frac must be in [0, 1], burst_memory_s and lend_horizon_s >= 0")
+        if self.slo_guard_frac <= 0 or not 0 <= self.lend_frac <= 1:
+            raise ValueError("slo_guard_frac must be > 0 and lend_frac in [0, 1]")
 
     def headroom(self, envelope: int) -> int:
         """Slots kept above a demand envelope (0 for an idle tenant)."""
@@ -167,30 +208,115 @@ class DynamicPolicy:
         caps, decisions = normalise(config, state.previous, observed, initial)
         if not decisions and (held := _hold_in_transit(state, observed, self.name)) is not None:
             return held
-        prev_env = state.previous.demand_envelope if state.previous else {}
+        prev = state.previous
+        prev_env = prev.demand_envelope if prev else {}
         env = {n: self._envelope(observed[n].demand, prev_env.get(n)) if n in observed else prev_env.get(n, 0)
                for n in names}
         kv = state.cluster.kv_usage_frac
         saturated = kv is not None and kv >= p.kv_saturation_frac
         boosted, notes = self._slo(config, observed, caps, saturated)
         weights = {t.name: t.weight * (p.slo_boost if t.name in boosted else 1.0) for t in config.tenants}
-        targets = self._targets(config, caps, observed, env, weights)
+        share = static_targets(config)
+        peak, idle, gaps = self._burst_memory(state, observed, share)
+        dt_ms = max(0, round(1000 * (state.now_s - prev.computed_at_s))) if prev else 0
+        reserve, guarded, _lending = self._reserve(config, observed, share, peak, idle, gaps, dt_ms)
+        for n in guarded:
+            notes[n] = notes.get(n, "") + f"; p99 guard: keeps its static share {reserve[n]}"
+        if boosted:  # an admission-limited SLO violation outranks other tenants' reserves
+            reserve = {n: reserve[n] if n in boosted else 0 for n in names}
+        targets = self._targets(config, caps, observed, env, weights, reserve)
         step = p.step_slots(config.total)
+        # receivers: unmet demand, or a reserve called back (the tenant is below it)
+        recall = {n for n in observed if caps[n] < reserve[n] and observed[n].demand <= caps[n]}
         receivers = sorted(
             (n for n in observed
-             if observed[n].demand > caps[n] and targets[n] - caps[n] >= p.min_move_slots),
-            key=lambda n: (n not in boosted, caps[n] / weights[n], n),
+             if (observed[n].demand > caps[n] or n in recall) and targets[n] - caps[n] >= p.min_move_slots),
+            key=lambda n: (n not in boosted, n in recall, caps[n] / weights[n], n),
         )
-        why = {n: f"{n} has {observed[n].waiting} waiting (demand {observed[n].demand}, cap {caps[n]}, "
-                  f"target {targets[n]}){notes.get(n, '')}" for n in receivers}
-        caps, limits, moves = transfer(config, caps, _prev_limits(state, caps, decisions), observed, targets,
+        why = {n: (f"{n} has {observed[n].waiting} waiting (demand {observed[n].demand}, cap {caps[n]}, "
+                   f"target {targets[n]}){notes.get(n, '')}") if n not in recall else
+               (f"{n} calls back its burst reserve {reserve[n]} (cap {caps[n]}, idle "
+                f"{idle[n] / 1000:.0f} s of its shortest gap {gaps.get(n, 0) / 1000:.0f} s)")
+               for n in receivers}
+        # a call-back restores the reserve, no more: the rest of the target needs demand
+        moving = {n: min(targets[n], reserve[n]) if n in recall else targets[n] for n in names}
+        caps, limits, moves = transfer(config, caps, _prev_limits(state, caps, decisions), observed, moving,
                                        receivers, step, why)
         decisions += moves
         if not any(d.kind == "move" for d in decisions):
             decisions.append(Decision("hold", self._hold_reason(config, caps, observed, targets, moves, notes)))
         assert all(caps[n] >= floors[n] and limits[n] >= floors[n] for n in names)
         return Allocation(_next_revision(state), config.total, caps, limits, self.name, state.now_s,
-                          tuple(decisions), targets, env)
+                          tuple(decisions), targets, env, peak, idle, gaps)
+
+    def _burst_memory(
+        self, state: BudgetState, observed: Mapping[str, TenantObservation], share: Mapping[str, int],
+    ) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+        """Per tenant: burst peak, idle time and shortest completed idle gap (model docstring).
+        The peak is the largest demand up to the static share while the tenant has been idle at
+        most ``burst_memory_s``; then it decays by ``release_per_tick`` per tick. Idle time
+        counts from the tenant's first demand (-1 before it). Unobserved tenants keep their memory. A tenant not seen before starts at its whole static share:
+        until it has shown a burst, the controller cannot know how much it needs."""
+        config, prev = state.config, state.previous
+        prev_peak = prev.burst_peak if prev else {}
+        prev_idle = prev.idle_ms if prev else {}
+        gaps = dict(prev.min_gap_ms) if prev else {}
+        dt_ms = max(0, round(1000 * (state.now_s - prev.computed_at_s))) if prev else 0
+        peak: dict[str, int] = {}
+        idle: dict[str, int] = {}
+        for n in config.names:
+            # idle -1: never seen busy (time before a tenant's first request is not a gap)
+            old_peak, old_idle = prev_peak.get(n, share[n]), prev_idle.get(n, -1)
+            obs = observed.get(n)
+            if obs is None:
+                peak[n], idle[n] = old_peak, old_idle
+                continue
+            if obs.demand > 0:
+                if old_idle > 0:  # a gap ended: remember the shortest (what was surely idle:
+                    # from the first tick that saw it idle to the last one)
+                    gap = max(0, old_idle - dt_ms)
+                    gaps[n] = min(gaps.get(n, gap), gap)
+                idle[n] = 0
+            else:
+                idle[n] = old_idle + dt_ms if old_idle >= 0 else -1
+            if old_idle < 0 <= idle[n]:  # its first demand replaces the cold-start guess
+                kept = 0
+            elif idle[n] <= 1000 * self.params.burst_memory_s:
+                kept = old_peak
+            else:
+                kept = math.floor(old_peak * self.params.release_per_tick)
+            peak[n] = max(min(obs.demand, share[n]), kept)
+        return peak, idle, gaps
+
+    def _reserve(
+        self, config: BudgetConfig, observed: Mapping[str, TenantObservation], share: Mapping[str, int],
+        peak: Mapping[str, int], idle: Mapping[str, int], gaps: Mapping[str, int], dt_ms: int,
+    ) -> tuple[dict[str, int], list[str], list[str]]:
+        """Slots each tenant keeps whatever its current demand: ``burst_reserve_frac`` of its
+        burst peak plus headroom, never above its static share (its whole share until it has shown a gap);
+        its whole static share under the p99 guard; nothing while it is idle early enough in its
+        shortest known gap (gap lending): lent slots are refilled until the next tick (``dt_ms``
+        away) and a request started then may keep its slot ``lend_horizon_s``, so the tenant's
+        gap must last at least that much longer.
+        Returns (reserve, guarded tenants, lending tenants)."""
+        p = self.params
+        # until a tenant has shown one whole burst and gap, its pattern is unknown: it keeps its share
+        # the peak is sampled once a tick and misses what happens between ticks: it gets the same
+        # headroom as a demand envelope
+        reserve = {n: min(share[n], math.ceil(p.burst_reserve_frac * (
+            peak[n] + p.headroom(peak[n]) if n in gaps else share[n]))) for n in config.names}
+        guarded, lending = [], []
+        for t in config.tenants:
+            n, obs = t.name, observed.get(t.name)
+            if (t.p99_slo_s is not None and obs is not None and obs.p99_latency_s is not None
+                    and obs.p99_latency_s > p.slo_guard_frac * t.p99_slo_s):
+                reserve[n] = share[n]
+                guarded.append(n)
+            elif (p.lend_horizon_s > 0 and obs is not None and obs.demand == 0 and idle[n] > 0 and n in gaps
+                  and gaps[n] - idle[n] - dt_ms + LEND_JITTER_MS >= 1000 * p.lend_horizon_s):
+                reserve[n] = math.floor((1 - p.lend_frac) * reserve[n])
+                lending.append(n)
+        return reserve, guarded, lending
 
     def _envelope(self, demand: int, previous: int | None) -> int:
         if previous is None:
@@ -219,7 +345,7 @@ class DynamicPolicy:
 
     def _targets(
         self, config: BudgetConfig, caps: Mapping[str, int], observed: Mapping[str, TenantObservation],
-        env: Mapping[str, int], weights: Mapping[str, float],
+        env: Mapping[str, int], weights: Mapping[str, float], reserve: Mapping[str, int],
     ) -> dict[str, int]:
         floors = {t.name: t.floor for t in config.tenants}
         targets = {n: caps[n] for n in config.names if n not in observed}
@@ -227,9 +353,14 @@ class DynamicPolicy:
         live = sorted(observed)
         if not live:
             return targets
-        want = {n: max(floors[n], env[n] + self.params.headroom(env[n])) for n in live}
+        # reserves are at most static shares (which sum to B); they give way to floors only
+        # when unobserved tenants hold more than their own shares
+        lower = {n: max(floors[n], reserve[n]) for n in live}
+        if sum(lower.values()) > share:
+            lower = {n: floors[n] for n in live}
+        want = {n: max(lower[n], env[n] + self.params.headroom(env[n])) for n in live}
         if sum(want.values()) >= share:
-            targets.update(water_fill(share, {n: weights[n] for n in live}, {n: floors[n] for n in live}, want))
+            targets.update(water_fill(share, {n: weights[n] for n in live}, lower, want))
             return targets
         leftover = share - sum(want.values())
         for n in live:  # slots nobody wants stay with their holders: no move without demand

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
@@ -19,11 +20,15 @@ from services.common.testing import serve_in_process
 from tao.budget.v1 import budget_pb2, budget_pb2_grpc
 
 ROUTER_EPOCH = "router-epoch-1"
+#: the controller without burst reserve or gap lending (the budget-controller study's): an idle
+#: tenant donates at once, which is what the drain and resume mechanics below exercise
+V0: dict[str, Any] = {"burst_reserve_frac": 0.0, "lend_horizon_s": 0.0}
 
 
 class Harness:
-    def __init__(self, redis_url: str, clock: VirtualClock) -> None:
-        self.settings = load_settings(Settings, redis_url=redis_url, port=0, redis_startup_timeout_s=2.0)
+    def __init__(self, redis_url: str, clock: VirtualClock, **overrides: Any) -> None:
+        self.settings = load_settings(Settings, redis_url=redis_url, port=0, redis_startup_timeout_s=2.0,
+                                      **overrides)
         self.clock = clock
         self.app = BudgetApp(self.settings, clock=clock, to_unix=lambda t: t, autotick=False)
         self.redis = aioredis.Redis.from_url(redis_url, decode_responses=True)
@@ -49,7 +54,7 @@ class Harness:
 
 @pytest.fixture
 async def harness(redis_url: str) -> AsyncIterator[Harness]:
-    h = Harness(redis_url, VirtualClock(time.time()))
+    h = Harness(redis_url, VirtualClock(time.time()), **V0)
     yield h
     await h.redis.aclose()
 
@@ -133,7 +138,7 @@ async def test_bad_configuration_and_policy_change_nothing(harness: Harness) -> 
 
 async def test_report_demand_static_policy_and_resume_after_restart(redis_url: str) -> None:
     clock = VirtualClock(time.time())
-    h = Harness(redis_url, clock)
+    h = Harness(redis_url, clock, **V0)
     async with serve_in_process("budget", h.app, h.settings) as running, \
             grpc.aio.insecure_channel(running.address) as channel:
         stub = budget_pb2_grpc.BudgetServiceStub(channel)
@@ -148,7 +153,7 @@ async def test_report_demand_static_policy_and_resume_after_restart(redis_url: s
     assert load(BudgetConfigRecord, await h.redis.get(keys.BUDGET_CONFIG)).policy == "static"
     await h.redis.aclose()
 
-    again = Harness(redis_url, clock)  # a new process: new epoch, same Redis
+    again = Harness(redis_url, clock, **V0)  # a new process: new epoch, same Redis
     async with serve_in_process("budget", again.app, again.settings):
         svc = again.app.service
         assert svc is not None and svc.config is not None and svc.config.total == 96
@@ -164,7 +169,7 @@ async def test_report_demand_static_policy_and_resume_after_restart(redis_url: s
 
 async def test_wall_clock_loop_ticks_by_itself(redis_url: str) -> None:
     settings = load_settings(Settings, redis_url=redis_url, port=0, tick_s=0.05, total_budget=10,
-                             tenants=[{"name": "A", "floor": 1}, {"name": "B", "floor": 1}])
+                             tenants=[{"name": "A", "floor": 1}, {"name": "B", "floor": 1}], **V0)
     app = BudgetApp(settings)
     async with serve_in_process("budget", app, settings) as running, \
             grpc.aio.insecure_channel(running.address) as channel:
@@ -180,3 +185,36 @@ async def test_wall_clock_loop_ticks_by_itself(redis_url: str) -> None:
         watch.cancel()
         # steps of ceil(10 / 4) = 3 slots: 5 -> 8; the last slot to B's target 9 is within hysteresis
         assert caps == {"A": 2, "B": 8}
+
+
+async def test_burst_reserve_gap_lending_and_memory_survive_a_restart(redis_url: str) -> None:
+    """Default controller: an idle tenant never seen busy keeps its share; after one complete
+    gap it keeps its burst peak plus headroom, and its reserve is lent early in the next gap;
+    the memory is in the record, so a restarted service calls the reserve back on time."""
+    clock = VirtualClock(time.time())
+    h = Harness(redis_url, clock)
+    async with serve_in_process("budget", h.app, h.settings) as running, \
+            grpc.aio.insecure_channel(running.address) as channel:
+        stub = budget_pb2_grpc.BudgetServiceStub(channel)
+        await stub.ConfigureTenants(_config())
+        await h.demand(A=(0, 0), B=(500, 48))
+        assert [await h.tick() for _ in range(3)] == [{"A": 48, "B": 48}] * 3  # A's bursts are unknown
+        for a_busy in (True, True, False, False, False, False, False, False):  # then a 12 s gap
+            await h.demand(A=(0, 30) if a_busy else (0, 0), B=(500, 48))
+            assert await h.tick() == {"A": 48, "B": 48}
+        await h.demand(A=(0, 30), B=(500, 48))
+        assert await h.tick() == {"A": 33, "B": 63}  # gap known: A keeps its peak 30 + 10 %
+        await h.demand(A=(0, 0), B=(500, 63))
+        assert await h.tick() == {"A": 9, "B": 87}  # early in the next gap: one step lent
+    stored = load(BudgetAllocationRecord, await h.redis.get(keys.ALLOCATION))
+    assert stored.min_gap_ms["A"] == 10_000 and stored.burst_peak["A"] == 30 and stored.idle_ms["A"] == 2000
+    await h.redis.aclose()
+
+    again = Harness(redis_url, clock)  # restarted: the gap and the idle time come back from Redis
+    async with serve_in_process("budget", again.app, again.settings):
+        await again.demand(A=(0, 0), B=(500, 87))
+        assert await again.tick() == {"A": 9, "B": 87}, "B's busy slots are not preempted"
+        svc = again.app.service
+        assert svc is not None and svc.record is not None
+        assert svc.record.limits == {"A": 33, "B": 63}, "idle 4 s of a 10 s gap: the reserve is called back"
+    await again.redis.aclose()

@@ -1,7 +1,11 @@
-"""Example-based tests of the budget core: the budget-controller study's trajectory, recovery with slow
-drains, hysteresis, SLO attribution, staleness, static caps, reconfiguration, errors."""
+"""Example-based tests of the budget core: the budget-controller study's trajectory (``V0``: the
+controller without burst reserve, gap lending or p99 guard), recovery with slow drains,
+hysteresis, burst reserve, gap lending and call-back, the p99 guard, SLO attribution,
+staleness, static caps, reconfiguration, errors."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 from budget_model import RouterModel
@@ -20,6 +24,8 @@ from services.budget.core import (
 )
 
 SEED = BudgetConfig(96, (TenantConfig("A", floor=4), TenantConfig("B", floor=4)))
+#: the controller as the budget-controller study shipped it (issue 19's starting point)
+V0 = DynamicParams(burst_reserve_frac=0.0, lend_horizon_s=0.0, slo_guard_frac=1e9)
 
 
 def test_config_validation_messages() -> None:
@@ -55,7 +61,7 @@ def test_allocation_refuses_to_break_the_sum() -> None:
 
 
 def test_idle_tenant_donates_to_saturating_tenant_like_the_seed() -> None:
-    model = RouterModel(SEED, make_policy("dynamic"))
+    model = RouterModel(SEED, make_policy("dynamic", V0))
     model.set_demand("B", 1000)  # backlog that never drains
     first = model.tick()
     assert first.caps == {"A": 24, "B": 72}  # initial 48/48, then one step of 24 from idle A
@@ -70,7 +76,7 @@ def test_idle_tenant_donates_to_saturating_tenant_like_the_seed() -> None:
 
 
 def test_burst_recovers_through_drains_without_preemption() -> None:
-    model = RouterModel(SEED, make_policy("dynamic"))
+    model = RouterModel(SEED, make_policy("dynamic", V0))
     model.set_demand("B", 1000)
     for _ in range(3):
         model.tick()
@@ -139,7 +145,7 @@ def test_slots_a_receiver_already_uses_are_settled_first() -> None:
 
 
 def test_envelope_keeps_slots_through_a_short_dip() -> None:
-    model = RouterModel(SEED, make_policy("dynamic"))
+    model = RouterModel(SEED, make_policy("dynamic", V0))
     model.set_demand("B", 1000)
     model.set_demand("A", 40)
     for _ in range(8):
@@ -159,13 +165,84 @@ def test_envelope_keeps_slots_through_a_short_dip() -> None:
 
 
 def test_hysteresis_band_holds_small_gaps() -> None:
-    policy = make_policy("dynamic", DynamicParams(min_move_slots=3))
+    policy = make_policy("dynamic", replace(V0, min_move_slots=3))
     cfg = BudgetConfig(10, (TenantConfig("A"), TenantConfig("B")))
     prev = Allocation(1, 10, {"A": 5, "B": 5}, {"A": 5, "B": 5}, "dynamic", 0.0, demand_envelope={"A": 5, "B": 4})
     obs = {"A": TenantObservation("A", 2, 5, 2.0), "B": TenantObservation("B", 0, 3, 2.0)}
     alloc = policy.reallocate(BudgetState(2.0, cfg, obs, prev))
     assert alloc.caps == {"A": 5, "B": 5} and alloc.is_hold
     assert "within hysteresis" in alloc.decisions[-1].reason
+
+
+def _burst_then_idle(model: RouterModel, on_ticks: int, off_ticks: int, demand: int = 40) -> list[Allocation]:
+    """A runs ``on_ticks`` busy (short requests: all finish every tick), then ``off_ticks`` idle;
+    B keeps a backlog and long requests (nothing of B finishes). Returns the allocations."""
+    out = []
+    for i in range(on_ticks + off_ticks):
+        model.finish("A", model.in_flight["A"])
+        model.set_demand("A", demand if i < on_ticks else 0)
+        model.set_demand("B", 1000)
+        out.append(model.tick())
+    return out
+
+
+def test_reserve_keeps_an_unknown_tenants_share_and_its_burst_peak() -> None:
+    model = RouterModel(SEED, make_policy("dynamic"))
+    model.set_demand("B", 1000)
+    for _ in range(5):  # A never seen busy: nothing is known about its bursts, its share is kept
+        alloc = model.tick()
+        assert alloc.caps == {"A": 48, "B": 48} and alloc.is_hold
+    assert alloc.burst_peak == {"A": 48, "B": 48} and alloc.idle_ms == {"A": -1, "B": 0}
+    # A bursts to 30, then idles for 6 ticks: its first gap is not known yet, nothing is lent
+    allocs = _burst_then_idle(model, 3, 6, demand=30)
+    assert all(a.caps["A"] == 48 for a in allocs)
+    assert allocs[-1].idle_ms["A"] == 12_000 and "A" not in allocs[-1].min_gap_ms
+
+
+def test_gap_lending_lends_early_in_the_gap_and_calls_the_reserve_back() -> None:
+    policy = make_policy("dynamic", DynamicParams(burst_reserve_frac=1.0, lend_horizon_s=6.0))
+    model = RouterModel(SEED, policy)
+    _burst_then_idle(model, 2, 7)  # A idle for 7 ticks: 12 s surely idle between first and last idle tick
+    busy = _burst_then_idle(model, 2, 0)
+    # A's reserve is now its burst peak plus headroom (40 + 4): B may use the other 4 slots
+    assert busy[-1].min_gap_ms["A"] == 12_000 and busy[-1].caps["A"] == 44
+    # the next gap: A's reserve is lent while its shortest gap lasts >= 6 s beyond the next tick
+    # (idle 2, 4 s: lent slots are refilled until the next tick)
+    model.finish("A", model.in_flight["A"])
+    model.set_demand("A", 0)
+    lent = []
+    for _ in range(2):
+        alloc = model.tick()
+        lent.append(alloc.caps["A"])
+    assert lent == [20, 4], lent  # one step (B/4) per tick toward B, down to A's floor
+    assert model.in_flight["B"] == 92
+    # idle 6 s: the gap ends within 6 s of the next tick: the reserve is called back
+    recall = model.tick()
+    assert recall.limits == {"A": 28, "B": 68} and recall.caps == {"A": 4, "B": 92}, "drain, no preemption"
+    assert any(d.kind == "drain" and "calls back its burst reserve" in d.reason for d in recall.decisions)
+    model.finish("B", 30)
+    model.set_demand("B", 1000)
+    model.admit()
+    assert model.in_flight["B"] == 68, "a draining donor refills only up to its lowered limit"
+    back = model.tick()
+    assert back.caps["A"] >= 28 and back.limits["A"] == 44 and sum(back.caps.values()) == 96
+
+
+def test_p99_guard_keeps_the_static_share_of_a_tenant_near_its_slo() -> None:
+    cfg = BudgetConfig(96, (TenantConfig("A", floor=4, p99_slo_s=1.0), TenantConfig("B", floor=4)))
+    prev = Allocation(9, 96, {"A": 48, "B": 48}, {"A": 48, "B": 48}, "dynamic", 20.0,
+                      demand_envelope={"A": 0, "B": 1000}, burst_peak={"A": 40, "B": 48},
+                      idle_ms={"A": 2000, "B": 0}, min_gap_ms={"A": 12_000})
+    policy = make_policy("dynamic")
+
+    def tick(p99_a: float) -> Allocation:
+        obs = {"A": TenantObservation("A", 0, 0, 22.0, p99_a), "B": TenantObservation("B", 900, 48, 22.0)}
+        return policy.reallocate(BudgetState(22.0, cfg, obs, prev))
+
+    calm = tick(0.5)  # early in a known 12 s gap: A's reserve is lent
+    assert calm.caps == {"A": 24, "B": 72}
+    guarded = tick(0.9)  # p99 above 80 % of the SLO: A lends nothing of its static share
+    assert guarded.caps == {"A": 48, "B": 48} and guarded.targets["A"] == 48
 
 
 def _two_saturated(p99_c: float | None, waiting_c: int, kv: float | None = None) -> Allocation:

@@ -4,8 +4,14 @@ A hypothesis state machine drives the router model (tests/unit/budget/budget_mod
 with random demand, completions, latency reports and missing reports, and checks after
 every tick: the caps sum to B; caps and limits respect floors; a cap shrinks only by
 slots its tenant is not using (no preemption), so in-flight never exceeds caps or B; a
-tenant without unmet demand never gains (dynamic); a receiver gains at most one step per
-tick; the static policy never moves; reallocation is deterministic.
+tenant without unmet demand gains only to call back its burst reserve (never above its
+static share; dynamic); a receiver gains at most one step per tick; the static policy never
+moves; reallocation is deterministic.
+
+The adversarial case of issue 19 — a tenant that alternates idle and flood every 4 s against
+the 2 s tick — is checked on its own: Σ caps = Σ limits = B at every tick, nothing is
+preempted, and the flooding tenant never loses slots of its static share (its idle gaps are
+too short to lend its burst reserve).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from services.budget.core import (
     DynamicParams,
     TenantConfig,
     make_policy,
+    static_targets,
 )
 
 NAMES = ("a", "b", "c", "d")
@@ -48,6 +55,7 @@ class BudgetMachine(RuleBasedStateMachine):
         self.params = DynamicParams()
         self.model = RouterModel(config, make_policy(self.policy_name, self.params))
         self.step = self.params.step_slots(config.total)
+        self.share = static_targets(config)
         self.model.tick()
         self.first_caps = dict(self.model.allocation.caps)  # type: ignore[union-attr]
 
@@ -86,9 +94,10 @@ class BudgetMachine(RuleBasedStateMachine):
             if self.policy_name == "dynamic":
                 could = max(before_limits[n], before[n]) + self.step
                 assert after.limits[n] <= could and after.caps[n] <= could, "a receiver gained more than one step"
-                if obs is None or obs.demand <= before[n]:
-                    assert after.caps[n] <= before[n], f"{n} gained without unmet demand"
-                    assert after.limits[n] <= before[n], f"{n} was promised slots without unmet demand"
+                if obs is None or obs.demand <= before[n]:  # only a burst reserve is called back
+                    bound = before[n] if obs is None else max(before[n], self.share[n])
+                    assert after.caps[n] <= bound, f"{n} gained without unmet demand"
+                    assert after.limits[n] <= bound, f"{n} was promised slots without unmet demand"
             else:
                 assert after.caps[n] == self.first_caps[n], "static caps moved"
 
@@ -126,11 +135,16 @@ def _reference_share(total: int, weights: dict[str, float], lower: dict[str, int
     return min(max(lo * weights[name], lower[name]), upper[name])
 
 
-@settings(max_examples=60, deadline=None)
-@given(config=configs(min_tenants=2), data=st.data())
+V0 = DynamicParams(burst_reserve_frac=0.0, lend_horizon_s=0.0, slo_guard_frac=1e9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(config=configs(min_tenants=2), data=st.data(), v0=st.booleans())
 def test_busy_tenant_regains_floor_at_once_and_fair_share_within_bound(config: BudgetConfig,
-                                                                        data: st.DataObject) -> None:
-    params = DynamicParams()
+                                                                        data: st.DataObject, v0: bool) -> None:
+    """``v0`` (no reserve): the weighted max-min share within the bound. Default controller:
+    at least the smaller of that and its static share (idle tenants keep burst reserves)."""
+    params = V0 if v0 else DynamicParams()
     model = RouterModel(config, make_policy("dynamic", params))
     names = config.names
     busy = data.draw(st.sampled_from(names), label="busy tenant")
@@ -163,5 +177,42 @@ def test_busy_tenant_regains_floor_at_once_and_fair_share_within_bound(config: B
         expected = float(upper[busy])
     else:
         expected = _reference_share(config.total, weights, lower, upper, busy)
+    if not v0:
+        expected = min(expected, float(static_targets(config)[busy]))
     cap = model.allocation.caps[busy]  # type: ignore[union-attr]
     assert cap >= math.floor(expected) - params.min_move_slots, (cap, expected, dict(model.allocation.caps))  # type: ignore[union-attr]
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(config=configs(min_tenants=2), data=st.data())
+def test_adversarial_idle_flood_every_4s_keeps_the_budget_and_the_flooders_share(config: BudgetConfig,
+                                                                                  data: st.DataObject) -> None:
+    """Issue 19's adversarial tenant: idle 4 s, flood (demand 2B) 4 s, against a 2 s tick,
+    with a random phase; the other tenants' demand, completions and p99 are arbitrary."""
+    config = BudgetConfig(config.total, tuple(TenantConfig(t.name, t.floor, t.weight) for t in config.tenants))
+    model = RouterModel(config, make_policy("dynamic"))
+    names = config.names
+    x = data.draw(st.sampled_from(names), label="flooding tenant")
+    phase = data.draw(st.integers(0, 3), label="phase (ticks)")
+    share = static_targets(config)
+    floors = {t.name: t.floor for t in config.tenants}
+    model.tick()
+    for i in range(24):  # 48 s: six idle/flood cycles
+        flood = (i + phase) % 4 >= 2
+        for n in names:
+            model.finish(n, data.draw(st.integers(0, model.in_flight[n]), label="finish"))
+            if n == x:
+                model.set_demand(n, 2 * config.total if flood else 0)
+            else:
+                model.set_demand(n, data.draw(st.sampled_from([0, 1, config.total // 2, 2 * config.total])))
+        before = dict(model.allocation.caps)  # type: ignore[union-attr]
+        model.admit()
+        in_flight = dict(model.in_flight)
+        alloc = model.tick(p99={n: data.draw(st.sampled_from([0.1, 5.0]), label="p99") for n in names})
+        assert sum(alloc.caps.values()) == config.total == sum(alloc.limits.values()), "Σ caps = B broken"
+        for n in names:
+            assert alloc.caps[n] >= floors[n] and alloc.limits[n] >= floors[n]
+            assert alloc.caps[n] >= min(before[n], max(floors[n], in_flight[n])), "preempted"
+        assert sum(model.in_flight.values()) <= config.total
+        assert alloc.caps[x] >= share[x], (i, flood, dict(alloc.caps), share)
+        assert alloc.min_gap_ms.get(x, 0) <= 4000, "a 4 s idle period is at most a 4 s gap"
