@@ -55,13 +55,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="comma-separated: floor, vllm-router:POLICY, sglang-router:POLICY, tao:POLICY; "
                          "'default' and 'all' expand (bench/peers/core.py)")
     ap.add_argument("--kind", default="swe-lite", choices=sorted(KINDS), help="workload kind (default swe-lite)")
-    ap.add_argument("--sessions", type=int, default=16, help="sessions in the trace (default 16, as `tao up`)")
+    ap.add_argument("--sessions", type=int, default=12,
+                    help="sessions in the trace (default 12: the default run fits 15 min on 2 cores)")
     ap.add_argument("--concurrency", type=int, default=None, help="sessions active at once (default: all)")
     ap.add_argument("--seed", type=int, default=1, help="workload seed (default 1, as `tao up`)")
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--profile", default="qwen3-32b-h100x2", help="engine profile of every replica")
-    ap.add_argument("--num-gpu-blocks", type=int, default=8000,
-                    help="KV blocks per replica (default 8000, as `tao up`: a cache the sessions contend for)")
+    ap.add_argument("--num-gpu-blocks", type=int, default=6000,
+                    help="KV blocks per replica (default 6000: 12 sessions contend for it as `tao up`'s 16 do "
+                         "for 8000)")
     ap.add_argument("--time-scale", type=float, default=20.0, help="model seconds per wall second (default 20)")
     ap.add_argument("--repeat", type=int, default=2, help="rounds over all systems (default 2)")
     ap.add_argument("--venv", type=Path, default=DEFAULT_VENV, help=f"the peers' venv (default {DEFAULT_VENV})")
@@ -69,6 +71,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--sglang-router-spec", default="sglang-router", help="pip requirement for sglang-router")
     ap.add_argument("--json", dest="json_out", type=Path, default=None, help="write every run and the table here")
     ap.add_argument("--log-dir", type=Path, default=None, help="keep the routers' and replicas' logs here")
+    ap.add_argument("--table-from", type=Path, default=None,
+                    help="print the table and verdict of a --json file of an earlier run, run nothing")
     args = ap.parse_args(argv)
     try:
         args.system_list = parse_systems(args.systems, sorted(POLICIES))
@@ -192,6 +196,12 @@ def run_one(system: System, sessions: list[Session], args: argparse.Namespace, b
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.table_from:
+        doc = json.loads(args.table_from.read_text())
+        print(markdown_table(table_rows(doc["runs"], doc.get("failures"))))
+        print()
+        print(verdict(doc["runs"]))
+        return 0
     t0 = time.monotonic()
     systems: list[System] = args.system_list
     specs = {p: getattr(args, f"{p.replace('-', '_')}_spec") for p in

@@ -136,6 +136,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("prefix_hit_rate", "prefix hit", "{:.1%}"),
     ("preemptions", "preemptions", "{:.0f}"),
     ("mean_pause_wait_s", "pause wait (s)", "{:.1f}"),
+    ("mean_wait_all_s", "wait before forwarding (s)", "{:.2f}"),
     ("errors", "errors", "{:.0f}"),
 )
 #: metrics whose run-to-run spread is shown

@@ -35,7 +35,7 @@ def test_parse_systems_expands_and_validates() -> None:
 
 def test_cli_defaults_and_errors() -> None:
     args = parse([])
-    assert (args.sessions, args.repeat, args.time_scale, args.replicas) == (16, 2, 20.0, 2)
+    assert (args.sessions, args.repeat, args.time_scale, args.replicas, args.num_gpu_blocks) == (12, 2, 20.0, 2, 6000)
     assert [s.name for s in args.system_list] == list(DEFAULT_SYSTEMS)
     for bad in (["--sessions", "0"], ["--systems", "tao:nope"], ["--time-scale", "-1"], ["--profile", "x"]):
         with pytest.raises(SystemExit):
@@ -61,7 +61,7 @@ def test_router_argv() -> None:
 def _run(lat: float, ttft: float, errors: int = 0) -> dict[str, object]:
     return {"mean_task_latency_s": lat, "p90_task_latency_s": lat * 1.5, "mean_ttft_s": ttft,
             "decode_tok_s_makespan": 200.0, "decode_tok_s_busy": None, "prefix_hit_rate": 0.9,
-            "preemptions": 3, "mean_pause_wait_s": 0.0, "errors": errors}
+            "preemptions": 3, "mean_pause_wait_s": 0.0, "mean_wait_all_s": 0.1, "errors": errors}
 
 
 def test_table_and_verdict() -> None:
