@@ -23,8 +23,9 @@ from bench.budget.report import SEED_REFERENCE, TARGET_GAIN, machine, render, ru
 from bench.budget.workload import SCENARIOS, STATIC_VS_DYNAMIC, Scenario
 from services.budget.core import DynamicParams
 
-#: (lend_horizon_s, burst_reserve_frac) around the defaults
-SWEEP = ((4.0, 1.0), (6.0, 1.0), (8.0, 1.0), (6.0, 0.75))
+#: one controller parameter changed from its default at a time (seed case)
+SWEEP: tuple[dict[str, float], ...] = ({"lend_horizon_s": 4.0}, {"lend_horizon_s": 7.0}, {"step_frac": 0.5},
+                                       {"burst_reserve_frac": 0.75}, {"lend_frac": 0.5})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--live-time-scale", type=float, default=1.0,
                         help="--live: model seconds per wall second of the stack")
     parser.add_argument("--sweep", action="store_true",
-                        help="also sweep lend_horizon_s x burst_reserve_frac (seed case)")
+                        help="also run the seed case with one controller parameter changed at a time")
 
 
 def _verdict(result: dict[str, Any]) -> list[str]:
@@ -103,17 +104,18 @@ def run(args: argparse.Namespace) -> int:
         print()
     sweep: list[dict[str, Any]] = []
     if args.sweep:
-        print("== sensitivity (seed case: the study's scenario): lend_horizon_s x burst_reserve_frac")
-        for horizon, frac in SWEEP:
-            p = replace(params, lend_horizon_s=horizon, burst_reserve_frac=frac)
+        print("== sensitivity (seed case: the study's scenario): one parameter changed from the defaults")
+        for change in SWEEP:
+            p = replace(params, **change)
             res = run_scenario(replace(scenario("seed"), policies=(STATIC_VS_DYNAMIC[0], STATIC_VS_DYNAMIC[2])), seeds, p)
             r = res["ratios_vs_static"]["dynamic"]
             dyn = res["policies"]["dynamic"]
-            sweep.append({"lend_horizon_s": horizon, "burst_reserve_frac": frac, "ratios_vs_static": r,
+            sweep.append({"change": change, "ratios_vs_static": r,
                           "p99_A_s": dyn["per_tenant_p99_latency_s"]["A"], "p99_B_s": dyn["per_tenant_p99_latency_s"]["B"]})
-            print(f"   horizon {horizon:4.1f} s reserve {frac:4.2f}: throughput "
-                  f"{100 * (r['total_tokens_per_s'] - 1):+5.1f} %, p99 A {dyn['per_tenant_p99_latency_s']['A']:.2f} s, "
-                  f"p99 B {dyn['per_tenant_p99_latency_s']['B']:.2f} s")
+            label = ", ".join(f"{k} {v:g}" for k, v in change.items())
+            per = ", ".join(f"{n} {100 * (v - 1):+.1f} %" for n, v in r["per_tenant_p99_latency_s"].items())
+            print(f"   {label:24}: throughput {100 * (r['total_tokens_per_s'] - 1):+5.1f} %, p99 per tenant {per} "
+                  f"(A {dyn['per_tenant_p99_latency_s']['A']:.2f} s, B {dyn['per_tenant_p99_latency_s']['B']:.2f} s)")
     elapsed = time.perf_counter() - started
     print(f"wall time {elapsed:.1f} s")
     seed_res = results["seed"]
