@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 Kind = Literal["onoff", "poisson", "closed"]
 
@@ -76,7 +76,7 @@ class PolicySpec:
 
     label: str
     registry: str
-    overrides: tuple[tuple[str, float], ...] = ()
+    overrides: tuple[tuple[str, Any], ...] = ()
 
 
 #: the controller as the budget-controller study shipped it (issue 19's starting point): no
