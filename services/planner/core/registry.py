@@ -16,6 +16,7 @@ runs every registered name through the same invariants.
 | tao-ta-pause     | yes   | as tao-paper                                 | ThunderAgent's pause order (smallest first)      | TAO paper ablation |
 | tao-belady       | yes   | as tao, plus predicted tool return times     | as tao, pausing the furthest predicted return first | tao lever (Belady) |
 | tao-no-spread    | yes   | as tao                                       | as tao, no compute-load tie-break                | tao ablation |
+| tao-senior       | yes   | as tao, plus when each session was first seen | as tao, ready sessions of the older half count twice | tao lever (after Continuum's program FCFS) |
 | sjf              | yes   | footprint (credit only to pick the replica)  | shortest footprint first, tao-paper's pauses     | TAO paper's DP comparison |
 | thunderagent     | yes   | program tokens (acting weighted), buffers    | tick every 5 s: resume reasoning→new→acting, BFD onto the roomiest replica; pause smallest acting first, mark reasoning | ThunderAgent scheduler/router.py |
 | continuum        | yes   | program arrival, tool-return prediction, context tokens | program-level FCFS with head-of-line blocking; pin each tool call's KV for TTL τ* = argmax P(τ)·(T·η + prefill) − τ, unpin on expiry or (latest arrival first) when the queue head does not fit | arXiv 2511.02230 §4, Hanchenli/vllm-continuum |
@@ -52,6 +53,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "sjf": lambda: TaoPolicy("sjf", replace(TAO_PAPER, placement="sjf")),
     "tao-belady": lambda: TaoPolicy("tao-belady", replace(TAO, pause_order="belady")),
     "tao-no-spread": lambda: TaoPolicy("tao-no-spread", replace(TAO, spread=False)),
+    "tao-senior": lambda: TaoPolicy("tao-senior", replace(TAO, objective="senior")),
     "round_robin": RoundRobinPolicy,
     "least_loaded": LeastLoadedPolicy,
     "cache_aware": CacheAwarePolicy,

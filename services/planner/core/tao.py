@@ -67,6 +67,7 @@ from services.planner.core.values import (
     fold_values,
     objective_of,
     ready_first,
+    with_tier,
 )
 
 
@@ -76,7 +77,8 @@ class TaoConfig:
     ``guard``: after a DP that did not run at token resolution, also build the BFD and SJF
     plans and keep the lexicographically best in exact tokens; ``sparse``: try the
     token-resolution DP over reachable states (sparse.py) first; ``objective``: "paper"
-    (Σk, Σr, Σf) or "ready-first" (Σr, Σk, Σf, values.ready_first); ``spread``: break placement
+    (Σk, Σr, Σf), "ready-first" (Σr, Σk, Σf, values.ready_first) or "senior" (ready sessions,
+    the older half counted twice, then Σk, Σf); ``spread``: break placement
     ties by compute load (spread.py); ``pause_tolerance``: pause only once a replica's admitted
     footprints exceed capacity × (1 + tolerance), then back down to capacity (hysteresis)."""
 
@@ -188,6 +190,7 @@ class TaoPolicy:
         self.config = config or TaoConfig()
         self._stopwatch = stopwatch
         self._revisions = PlanCounter()
+        self._first_seen: dict[str, tuple[float, int]] = {}
 
     def plan(self, snapshot: Snapshot) -> Plan:
         start = start_time(self._stopwatch)
@@ -215,6 +218,8 @@ class TaoPolicy:
             eligible = eligible[rows]
             ids = [ids[i] for i in keep]
         solve_values = ready_first(values) if cfg.objective == "ready-first" else values
+        if cfg.objective == "senior":
+            solve_values = with_tier(values, self._seniority_tier(snapshot, ids, values), keep_ready=False)
         solved = self._solve(solve_values, eligible, free, ids)
         choice = solved.choice
         if cfg.spread:
@@ -242,6 +247,22 @@ class TaoPolicy:
             pruned_pairs=solved.pruned,
             unit_tokens=solved.unit_tokens,
         )
+
+    def _seniority_tier(self, snapshot: Snapshot, ids: list[str], values: Values) -> IntArray:
+        """Per pool row: 0 when not ready; else 1, or 2 for the older half of the sessions in the
+        snapshot, by the order in which this policy first saw them (program-level age, after
+        Continuum's program FCFS). Σtier then counts ready sessions with the senior ones twice."""
+        for sid in sorted(sess.id for sess in snapshot.sessions if sess.id not in self._first_seen):
+            self._first_seen[sid] = (snapshot.now_s, len(self._first_seen))  # ties by id: list order never matters
+        live = {sess.id for sess in snapshot.sessions}
+        if len(self._first_seen) > 4 * len(live) + 64:
+            self._first_seen = {k: v for k, v in self._first_seen.items() if k in live}
+        order = sorted(live, key=lambda sid: self._first_seen[sid])
+        rank = {sid: r for r, sid in enumerate(order)}
+        n = len(order)
+        bonus = [1 if rank[sid] < (n + 1) // 2 else 0 for sid in ids]
+        return np.array([(1 + b) if r else 0 for b, r in zip(bonus, values.ready.tolist(), strict=True)],
+                        dtype=np.int64)
 
     def _solve(self, values: Values, eligible: npt.NDArray[np.bool_], free: IntArray, ids: list[str]) -> Solved:
         cfg = self.config
