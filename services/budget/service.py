@@ -47,7 +47,7 @@ from services.budget.core import (
     make_policy,
 )
 from services.budget.settings import Settings
-from services.common import keys
+from services.common import keys, tracing
 from services.common.clock import Clock
 from services.common.errors import InvalidArgument, NotFound
 from services.common.records import BudgetConfigRecord, RecordError, ReplicaRecord, TenantDemandRecord, load
@@ -143,7 +143,8 @@ class BudgetService:
     async def tick_once(self) -> Allocation | None:
         """One reallocation on current observations; None while unconfigured."""
         async with self._lock:
-            return await self._reallocate()
+            with tracing.span("tao.budget", "budget.tick"):
+                return await self._reallocate()
 
     async def _reallocate(self) -> Allocation | None:
         if self.config is None:

@@ -31,9 +31,11 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from redis.exceptions import RedisError
 
+from services.common import tracing
 from services.common.clock import ScaledClock
 from services.common.epoch import new_epoch
 from services.common.errors import StartupError
+from services.common.extras import MissingExtra
 from services.common.interceptors import ServerMetrics, ServiceInterceptor
 from services.common.logging import configure_logging, get_logger
 from services.common.redis_client import make_redis
@@ -221,6 +223,10 @@ async def start_service(
 ) -> RunningService:
     """Start ``app`` as service ``name``; returns once the port is bound (health may lag)."""
     log = get_logger(name)
+    try:
+        traced = tracing.configure(name)
+    except MissingExtra as exc:
+        raise StartupError(str(exc)) from None
     client = redis_client or make_redis(settings)
     try:
         await _wait_for_redis(client, settings)
@@ -233,7 +239,8 @@ async def start_service(
     )
     token = settings.auth_token.get_secret_value() if settings.auth_token else None
     server = grpc.aio.server(
-        interceptors=[ServiceInterceptor(name, ServerMetrics(registry), token, settings.admin_secret())],
+        interceptors=[*tracing.grpc_server_interceptors(),
+                      ServiceInterceptor(name, ServerMetrics(registry), token, settings.admin_secret())],
         options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 16 * 1024 * 1024), *options],
     )
     health_servicer = health.aio.HealthServicer()
@@ -263,7 +270,7 @@ async def start_service(
     running = RunningService(name, settings, app, server, port, ctx, health_servicer, metrics_runner, metrics_port)
     running._health_task = asyncio.create_task(running._watch_health(), name=f"{name}-health")
     log.info("serving", address=f"{settings.host}:{port}", epoch=ctx.epoch, metrics_port=metrics_port,
-             tls=creds is not None, auth=token is not None)
+             tls=creds is not None, auth=token is not None, tracing=traced)
     return running
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import grpc
 
+from services.common import tracing
 from services.common.interceptors import BearerTokenAuth
 
 
@@ -50,9 +51,10 @@ def make_channel(
     options: list[tuple[str, object]] = [("grpc.enable_retries", 1), ("grpc.keepalive_time_ms", 20_000)]
     if server_name:
         options.append(("grpc.ssl_target_name_override", server_name))
+    traced = tracing.grpc_client_interceptors()  # none while tracing is off
     if ca_file is None:
-        interceptors = [_TokenInterceptor(token)] if token else None
-        return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
+        interceptors = [*traced, _TokenInterceptor(token)] if token else traced
+        return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors or None)
     creds = grpc.ssl_channel_credentials(
         root_certificates=ca_file.read_bytes(),
         private_key=key_file.read_bytes() if key_file else None,
@@ -60,4 +62,4 @@ def make_channel(
     )
     if token:
         creds = grpc.composite_channel_credentials(creds, grpc.metadata_call_credentials(BearerTokenAuth(token)))
-    return grpc.aio.secure_channel(target, creds, options=options)
+    return grpc.aio.secure_channel(target, creds, options=options, interceptors=traced or None)

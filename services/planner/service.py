@@ -30,7 +30,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from redis.exceptions import RedisError
 
-from services.common import keys
+from services.common import keys, tracing
 from services.common.epoch import RevisionCounter, Stamp
 from services.common.errors import InvalidArgument, NotFound
 from services.planner.convert import (
@@ -48,6 +48,8 @@ from services.planner.settings import Settings
 from services.planner.snapshot_source import SnapshotSource
 from services.planner.timing import timed_plan
 from tao.planner.v1 import planner_pb2, planner_pb2_grpc
+
+SCOPE = "tao.planner"  # the tracer of the round's spans
 
 
 class ModelClock(Protocol):
@@ -111,22 +113,32 @@ class PlannerService:
     async def plan_once(self) -> PlannerPlanRecord | None:
         """One round; returns the published record, or None when the snapshot was unreadable."""
         async with self._lock:
-            try:
-                read = await self.source.read()
-            except (RedisError, OSError) as exc:
-                self.metrics.redis_errors.inc()
-                self.metrics.rounds.labels("redis_unreadable").inc()
-                self.log.warning("round skipped: snapshot unreadable", error=str(exc).splitlines()[0])
-                return None
-            self.metrics.skipped.inc(read.skipped)
-            plan = await asyncio.to_thread(timed_plan, self.policy, read.snapshot)
-            stamp = self.revisions.next()
-            pool = len(pool_candidates(read.snapshot))
-            record = plan_to_record(plan, stamp, read.read_at_unix_s, self.clock.unix(), pool)
-            self.last = Published(plan, read.snapshot, record)
-            await self._publish(record)
-            self._count(plan, pool)
-            return record
+            with tracing.span(SCOPE, "planner.round") as round_span:
+                try:
+                    with tracing.span(SCOPE, "planner.snapshot_read"):
+                        read = await self.source.read()
+                except (RedisError, OSError) as exc:
+                    self.metrics.redis_errors.inc()
+                    self.metrics.rounds.labels("redis_unreadable").inc()
+                    self.log.warning("round skipped: snapshot unreadable", error=str(exc).splitlines()[0])
+                    return None
+                self.metrics.skipped.inc(read.skipped)
+                with tracing.span(SCOPE, "planner.solve") as solve_span:
+                    plan = await asyncio.to_thread(timed_plan, self.policy, read.snapshot)
+                    if solve_span is not None:
+                        solve_span.set_attributes({"tao.solver": plan.solver, "tao.admitted": len(plan.assignments),
+                                                   "tao.paused": len(plan.pauses)})
+                stamp = self.revisions.next()
+                pool = len(pool_candidates(read.snapshot))
+                record = plan_to_record(plan, stamp, read.read_at_unix_s, self.clock.unix(), pool)
+                self.last = Published(plan, read.snapshot, record)
+                if round_span is not None:
+                    round_span.set_attributes({"tao.plan.epoch": record.epoch, "tao.plan.revision": record.rev,
+                                               "tao.pool_sessions": pool})
+                with tracing.span(SCOPE, "planner.publish"):
+                    await self._publish(record)
+                self._count(plan, pool)
+                return record
 
     async def _publish(self, record: PlannerPlanRecord) -> None:
         for q in list(self._watchers):

@@ -29,6 +29,7 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Histogram
 from redis.exceptions import RedisError
 
+from services.common import tracing
 from services.common.clock import Clock
 from services.common.epoch import RevisionCounter
 from services.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
@@ -237,9 +238,10 @@ class PredictorEngine:
         self.metrics.error.labels(pred.evidence.kind).observe(abs(pred.expected_s - (finished_t - pred.started_at_s)))
 
     async def ingest(self, events: Sequence[pb.ToolEvent]) -> list[pb.EventAck]:
-        acks = self.apply(events)
-        await self.wait_durable(self._applied_gen, self.settings.flush_timeout_s)
-        return acks
+        with tracing.span("tao.predictor", "predictor.ingest", {"tao.events": len(events)}):
+            acks = self.apply(events)
+            await self.wait_durable(self._applied_gen, self.settings.flush_timeout_s)
+            return acks
 
     async def wait_durable(self, gen: int, timeout_s: float) -> None:
         if self._durable_gen >= gen:

@@ -23,7 +23,9 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from services.common import tracing
 from services.router import sessions_http
+from services.router import tracing as router_tracing
 from services.router.auth import Authenticator, ReloadingAuthenticator, bearer_key
 from services.router.core.model import Grant, NewRequest
 from services.router.core.ratelimit import parse_limits
@@ -47,7 +49,8 @@ class Gateway:
         self.base_limits = parse_limits(self.settings.rate_limits, "rate_limits")
 
     def build(self) -> web.Application:
-        app = web.Application(client_max_size=self.settings.max_body_bytes, middlewares=[self._errors])
+        app = web.Application(client_max_size=self.settings.max_body_bytes,
+                              middlewares=[*tracing.aiohttp_middlewares(), self._errors])
         app.on_response_prepare.append(self._rate_headers)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
@@ -151,6 +154,7 @@ class Gateway:
         request_id = os.urandom(16).hex()  # 128 random bits, like uuid4().hex without the UUID object
         single = session_id is None
         sid = f"req-{request_id}" if session_id is None else session_id
+        router_tracing.annotate(request_id, sid, tenant)
         arrived = rt.now()
         try:
             pending = rt.submit(NewRequest(request_id, sid, tenant, single, parsed.prompt_tokens_estimate,
@@ -161,13 +165,20 @@ class Gateway:
         if isinstance(pending, Grant):
             grant = pending
         else:
+            hold = router_tracing.start_hold(rt, request_id)
             try:
                 grant = await rt.wait_grant(request_id, pending, arrived)
             except HoldTimeout as exc:
+                router_tracing.end_hold(rt, hold, f"hold timeout: {exc.reason}")
                 rt.metrics.count_request(path, 503)
                 return unavailable(rt, f"not admitted within {rt.now() - arrived:.3g} s: {exc.reason}")
             except SessionReleased:
+                router_tracing.end_hold(rt, hold, "session released")
                 raise RequestError(409, "the session was released", code="session_released") from None
+            except BaseException:
+                router_tracing.end_hold(rt, hold, "client gone")
+                raise
+            router_tracing.end_hold(rt, hold)
         granted = rt.now()
         rt.metrics.hold.observe(granted - arrived)
         ex = Exchange(request_id, sid, tenant, path, parsed, arrived, arrived + self.settings.hold_timeout_s,

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import HttpVersion11, web
 
+from services.common import tracing
+from services.router import tracing as router_tracing
 from services.router.core.model import Grant
 from services.router.relay import StreamRelay, parse_usage, take_usage
 from services.router.runtime import HoldTimeout, RouterRuntime, SessionReleased
@@ -62,6 +65,8 @@ class Exchange:
     settled: bool = False
     #: model seconds the request was held before admission (reported as x-tao-hold-ms)
     hold_s: float = 0.0
+    #: the current attempt's ``router.upstream`` span (None while tracing is off)
+    span: Any = None
 
     def forwarding(self, now_s: float) -> None:
         """The upstream call starts: close the current stretch of router time."""
@@ -90,7 +95,10 @@ async def serve(rt: RouterRuntime, request: web.Request, ex: Exchange, grant: Gr
             try:
                 if entry is None:
                     raise UpstreamFailed(f"replica {grant.replica} was removed")
-                return await _attempt(rt, request, ex, grant, entry.origin)
+                if not tracing.enabled():
+                    return await _attempt(rt, request, ex, grant, entry.origin)
+                with router_tracing.start_attempt(grant.replica, grant.attempt) as ex.span:
+                    return await _attempt(rt, request, ex, grant, entry.origin)
             except UpstreamFailed as exc:
                 down = rt.replica_failed(grant.replica, str(exc))
                 ex.settled = True
@@ -98,12 +106,19 @@ async def serve(rt: RouterRuntime, request: web.Request, ex: Exchange, grant: Gr
                 if fut is None:
                     err = RequestError(502, f"no replica answered: {exc}", code="upstream_failed", type_="server_error")
                     return error_response(err)
+                hold = router_tracing.start_hold(rt, ex.request_id, "retry")
                 try:
                     grant = await rt.wait_grant(ex.request_id, fut, rt.now())
                 except HoldTimeout:
+                    router_tracing.end_hold(rt, hold, "hold timeout")
                     return unavailable(rt, "no replica could take the request within the hold timeout")
                 except SessionReleased:
+                    router_tracing.end_hold(rt, hold, "session released")
                     return error_response(RequestError(409, "the session was released", code="session_released"))
+                except BaseException:
+                    router_tracing.end_hold(rt, hold, "client gone")
+                    raise
+                router_tracing.end_hold(rt, hold)
                 ex.settled = False
                 ex.mark_s = rt.now()
     finally:
@@ -115,12 +130,17 @@ async def serve(rt: RouterRuntime, request: web.Request, ex: Exchange, grant: Gr
 async def _attempt(rt: RouterRuntime, request: web.Request, ex: Exchange, grant: Grant,
                    origin: Origin) -> web.StreamResponse:
     body = ex.parsed.upstream_body
-    head = request_head(origin, ex.path, {**rt.upstream_headers, "X-Request-Id": ex.request_id}, len(body))
+    headers = {**rt.upstream_headers, "X-Request-Id": ex.request_id}
+    if ex.span is not None:
+        tracing.inject(headers)  # traceparent: this attempt's span, in the client's trace
+    head = request_head(origin, ex.path, headers, len(body))
     ex.forwarding(rt.now())
     try:
         resp = await rt.upstream.post(origin, head, body)
     except UpstreamError as exc:
         raise UpstreamFailed(f"{grant.replica}: {exc}") from exc
+    if ex.span is not None:
+        ex.span.set_attribute("http.response.status_code", resp.status)
     try:
         out_headers = {"x-tao-replica": grant.replica, "x-tao-session": ex.session_id,
                        "x-tao-hold-ms": f"{ex.hold_s * 1000:.3f}"}
@@ -132,6 +152,8 @@ async def _attempt(rt: RouterRuntime, request: web.Request, ex: Exchange, grant:
             except UpstreamError as exc:
                 raise UpstreamFailed(f"{grant.replica}: {exc} reading the answer") from exc
             answered = rt.now()
+            if ex.span is not None:
+                ex.span.add_event("first_byte")
             usage = None
             if resp.status == 200:
                 try:
@@ -232,6 +254,8 @@ async def _open_client(rt: RouterRuntime, request: web.Request, ex: Exchange, re
     if transport is None or transport.is_closing():
         raise ClientGone()
     relay.attach_client(transport, chunked)
+    if ex.span is not None:
+        ex.span.add_event("first_byte")
     now = rt.now()
     rt.first_token(ex.request_id, now - ex.arrived_s)
     rt.metrics.ttft.observe(now - ex.arrived_s)

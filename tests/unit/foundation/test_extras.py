@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from services.common.extras import EXTRAS, MissingExtra, extra_of, require
+from services.common.extras import DISTRIBUTIONS, EXTRAS, MissingExtra, extra_of, require
 
 ROOT = Path(__file__).resolve().parents[3]
-BLOCKED = sorted({m for modules in EXTRAS.values() for m in modules})
+BLOCKED = sorted({m.split(".")[0] for modules in EXTRAS.values() for m in modules})
 
 # Runs first in the child interpreter: matplotlib, rich and hypothesis cannot be imported.
 BLOCKER = f"""
@@ -66,16 +66,17 @@ print(json.dumps({"imported": names, "failed": failed, "leaked": leaked}))
 """
 
 
-def _tao(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+def _tao(*argv: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
     code = BLOCKER + f"from services.cli import main\nsys.exit(main({list(argv)!r}))\n"
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120,
-                          env=_env())
+                          env={**_env(), **env})
 
 
 def _env() -> dict[str, str]:
     import os
 
-    return {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}  # tracing off unless a test asks
+    return {**env, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
 
 
 def test_pyproject_runtime_dependencies_exclude_the_extras() -> None:
@@ -89,12 +90,13 @@ def test_pyproject_runtime_dependencies_exclude_the_extras() -> None:
     assert not runtime & set(BLOCKED), runtime & set(BLOCKED)
     extras = project["optional-dependencies"]
     for extra, modules in EXTRAS.items():
-        assert names(extras[extra]) == set(modules), (extra, extras[extra])
+        assert names(extras[extra]) == set(DISTRIBUTIONS.get(extra, modules)), (extra, extras[extra])
 
 
 def test_extras_helper() -> None:
     assert extra_of("matplotlib.pyplot") == "report" and extra_of("rich") == "report"
     assert extra_of("hypothesis.strategies") == "faults" and extra_of("numpy") is None and extra_of(None) is None
+    assert extra_of("opentelemetry.sdk.trace") == "tracing"
     require("report", "x")  # this venv has every extra
     msg = str(MissingExtra("tao up", "report", "rich"))
     assert "\n" not in msg and "'report' extra" in msg and "tao-control-plane[report]" in msg
@@ -136,3 +138,15 @@ def test_commands_that_need_an_extra_say_so_in_one_line(tmp_path: Path) -> None:
         assert out.returncode == 2, (argv, out.stderr[-2000:])
         assert len(lines) == 1 and f"'{extra}' extra" in lines[0] and "Traceback" not in out.stderr, (argv, lines)
     assert not (tmp_path / "r").exists()  # tao up stopped before starting anything
+
+
+@pytest.mark.parametrize("service", ["router", "planner"])
+def test_a_service_with_tracing_asked_for_but_no_extra_stops_in_one_line(service: str, tmp_path: Path) -> None:
+    """OTEL_TRACES_EXPORTER switches tracing on; without the 'tracing' extra the service stops
+    at start (before waiting for Redis) with one line naming the extra."""
+    out = _tao("serve", service, "--port", "0", "--redis-url", "redis://127.0.0.1:9", cwd=tmp_path,
+               OTEL_TRACES_EXPORTER="console")
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert len(lines) == 1 and "'tracing' extra" in lines[0] and "Traceback" not in out.stderr, lines
+    assert lines[0].startswith(f"tao serve {service}:") and "tao-control-plane[tracing]" in lines[0]
