@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="append each result to this JSONL as it arrives and reuse results already in it (resume)")
     ap.add_argument("--only", default=None, help="run only configurations whose key contains this")
     ap.add_argument("--policies", default=None,
-                    help="comma-separated: run only these of the mode's policies (the summary compares "
-                         "tao with the baselines that ran)")
+                    help="comma-separated registry names: run exactly these policies instead of the "
+                         "mode's list (the summary compares tao with the baselines that ran)")
     ap.add_argument("--sessions-scale", default="1.0",
                     help="multiply configurations' session counts (at least their concurrency); <1 is faster. "
                          "One factor for all, or per setup: 'glm-1xTP8=0.5,2node-2xTP4=0.5' (others stay 1)")
@@ -129,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             chosen = p.policies
         if args.policies:
-            keep = set(args.policies.split(","))
-            chosen = tuple(name for name in chosen if name in keep)
+            chosen = tuple(name for name in args.policies.split(",") if name)
         return chosen
 
     def on_result(r: dict[str, Any]) -> None:
