@@ -1,4 +1,9 @@
-"""TAO's policy, its ablations, and the shortest-job-first baseline (all admission-gating).
+"""TAO's policies, their ablations, and the shortest-job-first baseline (all admission-gating).
+
+Two configurations of one ``TaoPolicy`` (docs/algorithms.md#policies-tao-and-tao-paper):
+``TAO_PAPER`` is the TAO paper's policy (objective (Σk, Σr, Σf), pause at once); ``TAO``, the
+shipped ``tao``, ranks readiness first (Σr, Σk, Σf), pauses with 5 % hysteresis and spreads
+placement ties by compute load. Both run the machinery below unchanged.
 
 TAO (docs/algorithms.md): fold credit/readiness/footprint into the value matrix, pause on
 over-capacity replicas in ascending value order, then solve selection + placement of the
@@ -11,7 +16,7 @@ token, the pool sessions left out are offered, in BFD order, to the exact leftov
 was feasible before discretisation and excluded by it, and their number is reported as
 ``Plan.excluded_by_rounding``.
 
-Ablations (the TAO paper's component analysis), each changes one thing:
+Ablations of ``tao-paper`` (the TAO paper's component analysis), each changes one thing:
 - ``tao-no-decay``: k = k0, no 2^(−τ/h) decay;
 - ``tao-no-readiness``: r = 0 for every session (credit, then footprint);
 - ``tao-bfd``: best-fit-decreasing instead of the DP — sessions by their best value triple
@@ -30,7 +35,7 @@ units per replica with four replicas). The knapsack+bfd fallback for large insta
 guarded; it reports its upper bound instead.
 
 ``sjf`` (the TAO paper's shortest-job-first comparison): sessions by footprint ascending, each
-placed like BFD; pauses like TAO.
+placed like BFD; pauses like ``tao-paper``.
 """
 
 from __future__ import annotations
