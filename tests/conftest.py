@@ -85,3 +85,26 @@ def redis_proc() -> Iterator[RedisServer]:
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture
+def exporter() -> Iterator[object]:
+    """An OpenTelemetry SDK provider with an in-memory exporter, installed as the services'
+    tracer provider for one test (skips when the ``tracing`` extra is not installed); yields
+    the ``InMemorySpanExporter``."""
+    pytest.importorskip("opentelemetry.sdk.trace")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from services.common import tracing
+
+    exp = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exp))
+    tracing.install(tp)
+    try:
+        yield exp
+    finally:
+        tracing.uninstall()
+        tp.shutdown()

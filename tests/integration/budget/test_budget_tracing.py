@@ -2,35 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 
 pytest.importorskip("opentelemetry.sdk.trace")
 
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from test_budget_service import V0, Harness, _config
 
-from services.common import tracing
 from services.common.clock import VirtualClock
 from services.common.testing import serve_in_process
 from tao.budget.v1 import budget_pb2_grpc
-
-
-@pytest.fixture
-def exporter() -> Iterator[InMemorySpanExporter]:
-    exp = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(exp))
-    tracing.install(tp)
-    try:
-        yield exp
-    finally:
-        tracing.uninstall()
-        tp.shutdown()
 
 
 @pytest.fixture

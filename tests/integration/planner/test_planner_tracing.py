@@ -4,37 +4,19 @@ gRPC call to the planner gets the gRPC instrumentation's SERVER span."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import grpc
 import pytest
 import redis.asyncio as aioredis
 
 pytest.importorskip("opentelemetry.sdk.trace")
 
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from test_planner_service import _settings, _write_state
 
-from services.common import tracing
 from services.common.testing import serve_in_process
 from services.planner.server import PlannerApp
 from tao.planner.v1 import planner_pb2, planner_pb2_grpc
-
-
-@pytest.fixture
-def exporter() -> Iterator[InMemorySpanExporter]:
-    exp = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(exp))
-    tracing.install(tp)
-    try:
-        yield exp
-    finally:
-        tracing.uninstall()
-        tp.shutdown()
 
 
 async def test_planner_round_spans(redis_url: str, exporter: InMemorySpanExporter) -> None:

@@ -3,38 +3,20 @@ under the gRPC instrumentation's SERVER span of ReportToolEvents, in the caller'
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 pytest.importorskip("opentelemetry.sdk.trace")
 
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from test_predictor_service import DURABLE, T0, S, e, settings
 
-from services.common import tracing
 from services.common.channels import make_channel
 from services.common.clock import VirtualClock
 from services.common.testing import serve_in_process
 from services.predictor.server import PredictorApp
 from tao.predictor.v1 import predictor_pb2 as pb
 from tao.predictor.v1 import predictor_pb2_grpc as pbg
-
-
-@pytest.fixture
-def exporter() -> Iterator[InMemorySpanExporter]:
-    exp = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(exp))
-    tracing.install(tp)
-    try:
-        yield exp
-    finally:
-        tracing.uninstall()
-        tp.shutdown()
 
 
 async def test_event_ingest_span_under_the_rpc(redis_url: str, exporter: InMemorySpanExporter) -> None:

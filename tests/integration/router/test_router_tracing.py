@@ -7,7 +7,7 @@ off (the default), no tracer provider and no traceparent."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -17,8 +17,7 @@ from router_harness import MODEL, start_router, wait_for
 pytest.importorskip("opentelemetry.sdk.trace")
 
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from test_router_admission import publish_plan
@@ -29,19 +28,6 @@ from sim.vllm_sim.server import RunningSim, SimServer, start_vllm_sim
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hello " * 30}], "max_tokens": 3, "stream": True}
-
-
-@pytest.fixture
-def exporter() -> Iterator[InMemorySpanExporter]:
-    exp = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(exp))
-    tracing.install(tp)
-    try:
-        yield exp
-    finally:
-        tracing.uninstall()
-        tp.shutdown()
 
 
 @pytest.fixture
