@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from services.driver.driver import DriverConfig, ToolEvents, TraceDriver
 from services.driver.results import measure
 from services.planner.core.registry import POLICIES
 from services.up.procs import Supervisor, free_port, tao_argv
-from services.up.stack import Stack, StackConfig
+from services.up.stack import Stack, StackConfig, http_ok
 from sim.engine import PROFILES, get_profile
 from sim.workload.generate import GenerateOptions, generate
 from sim.workload.params import KINDS
@@ -128,14 +127,6 @@ def ensure_peers(venv: Path, specs: dict[str, str]) -> tuple[str, dict[str, str]
 
 # --------------------------------------------------------------------------------- one run
 
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1.0) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
-
-
 def _start_replicas(sup: Supervisor, args: argparse.Namespace) -> list[str]:
     ports = [free_port() for _ in range(args.replicas)]
     for i, port in enumerate(ports):
@@ -143,7 +134,7 @@ def _start_replicas(sup: Supervisor, args: argparse.Namespace) -> list[str]:
                                         "--time-scale", str(args.time_scale),
                                         "--num-gpu-blocks", str(args.num_gpu_blocks)))
     for i, port in enumerate(ports):
-        sup.wait_until(sup.find(f"vllm-{i}"), partial(_http_ok, f"http://127.0.0.1:{port}/health"), 30, "healthy")
+        sup.wait_until(sup.find(f"vllm-{i}"), partial(http_ok, f"http://127.0.0.1:{port}/health"), 30, "healthy")
     return [f"http://127.0.0.1:{p}" for p in ports]
 
 
@@ -182,7 +173,7 @@ def run_one(system: System, sessions: list[Session], args: argparse.Namespace, b
         port = free_port()
         child = sup.spawn("router", router_argv(system, bin_dir, port, replicas, free_port(), python=sys.executable))
         url = f"http://127.0.0.1:{port}"
-        sup.wait_until(child, lambda: _http_ok(f"{url}/health"), 60, "answering /health")
+        sup.wait_until(child, lambda: http_ok(f"{url}/health"), 60, "answering /health")
         metrics = asyncio.run(_drive(url, sessions, replicas, args, None, None))
         dead = [f"{c.name}: {c.tail(2)}" for c in sup.dead_children()]
         if dead:

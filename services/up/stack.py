@@ -67,7 +67,8 @@ def _grpc_serving(address: str) -> bool:
         return False
 
 
-def _http_ok(url: str) -> bool:
+def http_ok(url: str) -> bool:
+    """True when GET ``url`` answers 200 within a second."""
     try:
         with urllib.request.urlopen(url, timeout=1.0) as resp:
             return bool(resp.status == 200)
@@ -148,7 +149,7 @@ class Stack:
 
     def wait_replicas(self, timeout_s: float = 30.0) -> None:
         for i, port in enumerate(self.replica_ports):
-            self.sup.wait_until(self.sup.find(f"vllm-{i}"), partial(_http_ok, f"http://127.0.0.1:{port}/health"),
+            self.sup.wait_until(self.sup.find(f"vllm-{i}"), partial(http_ok, f"http://127.0.0.1:{port}/health"),
                                 timeout_s, "healthy")
 
     def start_services(self, redis_url: str, replica_urls: list[str], *,
@@ -181,7 +182,7 @@ class Stack:
         children["router"] = self._service("router", ports["router"], urls["router"], *router_extra)
         for name, child in children.items():
             self.sup.wait_until(child, partial(_grpc_serving, f"127.0.0.1:{ports[name]}"), 30, "SERVING")
-        self.sup.wait_until(children["router"], lambda: _http_ok(f"http://127.0.0.1:{http_port}/health"), 30,
+        self.sup.wait_until(children["router"], lambda: http_ok(f"http://127.0.0.1:{http_port}/health"), 30,
                             "answering HTTP")
         self.addresses = StackAddresses(
             redis_url=redis_url,
@@ -214,13 +215,13 @@ class Stack:
             self.sup.wait_until(child, lambda: _tcp_open(port), timeout_s, "accepting connections")
         elif name.startswith("vllm-"):
             port = self.replica_ports[int(name.split("-", 1)[1])]
-            self.sup.wait_until(child, lambda: _http_ok(f"http://127.0.0.1:{port}/health"), timeout_s, "healthy")
+            self.sup.wait_until(child, lambda: http_ok(f"http://127.0.0.1:{port}/health"), timeout_s, "healthy")
         else:
             address = f"127.0.0.1:{self.ports[name]}"
             self.sup.wait_until(child, lambda: _grpc_serving(address), timeout_s, "SERVING")
             if name == "router":
                 url = f"http://127.0.0.1:{self.ports['router_http']}/health"
-                self.sup.wait_until(child, lambda: _http_ok(url), timeout_s, "answering HTTP")
+                self.sup.wait_until(child, lambda: http_ok(url), timeout_s, "answering HTTP")
         return child
 
     def pid(self, name: str) -> int | None:
