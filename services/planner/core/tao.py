@@ -195,7 +195,8 @@ class TaoPolicy:
         self.config = config or TaoConfig()
         self._stopwatch = stopwatch
         self._revisions = PlanCounter()
-        self._first_seen: dict[str, tuple[float, int]] = {}
+        self._first_seen: dict[str, int] = {}  # session -> order of first sight (tao-senior)
+        self._seen = 0
 
     def plan(self, snapshot: Snapshot) -> Plan:
         start = start_time(self._stopwatch)
@@ -258,14 +259,14 @@ class TaoPolicy:
         snapshot, by the order in which this policy first saw them (program-level age, after
         Continuum's program FCFS). Σtier then counts ready sessions with the senior ones twice."""
         for sid in sorted(sess.id for sess in snapshot.sessions if sess.id not in self._first_seen):
-            self._first_seen[sid] = (snapshot.now_s, len(self._first_seen))  # ties by id: list order never matters
+            self._first_seen[sid] = self._seen  # new ones in id order: list order never matters
+            self._seen += 1
         live = {sess.id for sess in snapshot.sessions}
         if len(self._first_seen) > 4 * len(live) + 64:
             self._first_seen = {k: v for k, v in self._first_seen.items() if k in live}
-        order = sorted(live, key=lambda sid: self._first_seen[sid])
-        rank = {sid: r for r, sid in enumerate(order)}
-        n = len(order)
-        bonus = [1 if rank[sid] < (n + 1) // 2 else 0 for sid in ids]
+        order = sorted(live, key=self._first_seen.__getitem__)
+        senior = set(order[: (len(order) + 1) // 2])
+        bonus = [1 if sid in senior else 0 for sid in ids]
         return np.array([(1 + b) if r else 0 for b, r in zip(bonus, values.ready.tolist(), strict=True)],
                         dtype=np.int64)
 
