@@ -31,6 +31,8 @@ class Replica(_message.Message):
     CAPACITY_TOKENS_FIELD_NUMBER: _builtins.int
     USED_TOKENS_FIELD_NUMBER: _builtins.int
     HEALTHY_FIELD_NUMBER: _builtins.int
+    MODELS_FIELD_NUMBER: _builtins.int
+    BLOCK_SIZE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Replica id (unique within the snapshot)."""
     capacity_tokens: _builtins.int
@@ -39,6 +41,14 @@ class Replica(_message.Message):
     """Tokens already in use (admitted footprints plus unknown load); free = capacity - used."""
     healthy: _builtins.bool
     """Unhealthy replicas receive no assignments."""
+    block_size: _builtins.int
+    """KV block size in tokens (vllm:cache_config_info); unset or 0 means vLLM's default, 16."""
+    @_builtins.property
+    def models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Model names the replica serves (its /v1/models); a session naming a model is placed only
+        on a replica listing it.
+        """
+
     def __init__(
         self,
         *,
@@ -46,10 +56,12 @@ class Replica(_message.Message):
         capacity_tokens: _builtins.int = ...,
         used_tokens: _builtins.int = ...,
         healthy: _builtins.bool = ...,
+        models: _abc.Iterable[_builtins.str] | None = ...,
+        block_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity_tokens", b"capacity_tokens", "healthy", b"healthy", "id", b"id", "used_tokens", b"used_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "capacity_tokens", b"capacity_tokens", "healthy", b"healthy", "id", b"id", "models", b"models", "used_tokens", b"used_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -107,6 +119,7 @@ class Session(_message.Message):
     ACTING_SINCE_S_FIELD_NUMBER: _builtins.int
     WAITING_SINCE_S_FIELD_NUMBER: _builtins.int
     TOOL_RETURN_S_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Session id."""
     tenant: _builtins.str
@@ -129,6 +142,8 @@ class Session(_message.Message):
     """When its held request arrived (snapshot clock); unset when none is held."""
     tool_return_s: _builtins.float
     """Predicted tool return time (snapshot clock); unset without a fresh prediction."""
+    model: _builtins.str
+    """The model its requests name; empty means any replica may serve it."""
     @_builtins.property
     def credits(self) -> _containers.RepeatedCompositeFieldContainer[Global___Credit]:
         """Cache evidence per replica."""
@@ -148,10 +163,11 @@ class Session(_message.Message):
         acting_since_s: _builtins.float | None = ...,
         waiting_since_s: _builtins.float | None = ...,
         tool_return_s: _builtins.float | None = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_acting_since_s", b"_acting_since_s", "_tool_return_s", b"_tool_return_s", "_waiting_since_s", b"_waiting_since_s", "acting_since_s", b"acting_since_s", "tool_return_s", b"tool_return_s", "waiting_since_s", b"waiting_since_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_acting_since_s", b"_acting_since_s", "_tool_return_s", b"_tool_return_s", "_waiting_since_s", b"_waiting_since_s", "acting_since_s", b"acting_since_s", "admitted", b"admitted", "context_tokens", b"context_tokens", "credits", b"credits", "footprint_tokens", b"footprint_tokens", "id", b"id", "phase", b"phase", "ready", b"ready", "replica", b"replica", "tenant", b"tenant", "tool_return_s", b"tool_return_s", "waiting_since_s", b"waiting_since_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_acting_since_s", b"_acting_since_s", "_tool_return_s", b"_tool_return_s", "_waiting_since_s", b"_waiting_since_s", "acting_since_s", b"acting_since_s", "admitted", b"admitted", "context_tokens", b"context_tokens", "credits", b"credits", "footprint_tokens", b"footprint_tokens", "id", b"id", "model", b"model", "phase", b"phase", "ready", b"ready", "replica", b"replica", "tenant", b"tenant", "tool_return_s", b"tool_return_s", "waiting_since_s", b"waiting_since_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__acting_since_s: _TypeAlias = _typing.Literal["acting_since_s"]  # noqa: Y015
     _WhichOneofArgType__acting_since_s: _TypeAlias = _typing.Literal["_acting_since_s", b"_acting_since_s"]  # noqa: Y015

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tao.common.v1 import common_pb2 as tao_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atao/router/v1/router.proto\x12\rtao.router.v1\x1a\x1atao/common/v1/common.proto\"\x90\x02\n\x0bSessionInfo\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12*\n\x05phase\x18\x03 \x01(\x0e\x32\x1b.tao.common.v1.SessionPhase\x12\x0f\n\x07replica\x18\x04 \x01(\t\x12\x10\n\x08\x61\x64mitted\x18\x05 \x01(\x08\x12\x16\n\x0e\x63ontext_tokens\x18\x06 \x01(\x03\x12\x18\n\x10\x66ootprint_tokens\x18\x07 \x01(\x03\x12\x10\n\x08requests\x18\x08 \x01(\x03\x12\x1a\n\x12last_cached_tokens\x18\t \x01(\x03\x12\x13\n\x0blast_ttft_s\x18\n \x01(\x01\x12\x19\n\x11updated_at_unix_s\x18\x0b \x01(\x01\"`\n\x13ListSessionsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12*\n\x05phase\x18\x02 \x01(\x0e\x32\x1b.tao.common.v1.SessionPhase\x12\r\n\x05limit\x18\x03 \x01(\x05\"D\n\x14ListSessionsResponse\x12,\n\x08sessions\x18\x01 \x03(\x0b\x32\x1a.tao.router.v1.SessionInfo\"+\n\x15\x45xplainSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x84\x01\n\x16\x45xplainSessionResponse\x12+\n\x07session\x18\x01 \x01(\x0b\x32\x1a.tao.router.v1.SessionInfo\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12-\n\x0c\x61pplied_plan\x18\x03 \x01(\x0b\x32\x17.tao.common.v1.Revision\":\n\x15ReleaseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"*\n\x16ReleaseSessionResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\xe8\x01\n\x0bReplicaInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\x12\x1a\n\x12kv_capacity_tokens\x18\x05 \x01(\x03\x12\x17\n\x0f\x63\x61pacity_tokens\x18\x06 \x01(\x03\x12\x13\n\x0bused_tokens\x18\x07 \x01(\x03\x12\x0f\n\x07running\x18\x08 \x01(\x03\x12\x0f\n\x07waiting\x18\t \x01(\x03\x12\x16\n\x0ekv_cache_usage\x18\n \x01(\x01\x12\x19\n\x11\x61\x64mitted_sessions\x18\x0b \x01(\x03\"\x15\n\x13ListReplicasRequest\"D\n\x14ListReplicasResponse\x12,\n\x08replicas\x18\x01 \x03(\x0b\x32\x1a.tao.router.v1.ReplicaInfo\"H\n\x11\x41\x64\x64ReplicaRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x1a\n\x12kv_capacity_tokens\x18\x03 \x01(\x03\"A\n\x12\x41\x64\x64ReplicaResponse\x12+\n\x07replica\x18\x01 \x01(\x0b\x32\x1a.tao.router.v1.ReplicaInfo\"!\n\x13\x44rainReplicaRequest\x12\n\n\x02id\x18\x01 \x01(\t\"C\n\x14\x44rainReplicaResponse\x12+\n\x07replica\x18\x01 \x01(\x0b\x32\x1a.tao.router.v1.ReplicaInfo2\xb0\x04\n\x12RouterAdminService\x12W\n\x0cListSessions\x12\".tao.router.v1.ListSessionsRequest\x1a#.tao.router.v1.ListSessionsResponse\x12]\n\x0e\x45xplainSession\x12$.tao.router.v1.ExplainSessionRequest\x1a%.tao.router.v1.ExplainSessionResponse\x12]\n\x0eReleaseSession\x12$.tao.router.v1.ReleaseSessionRequest\x1a%.tao.router.v1.ReleaseSessionResponse\x12W\n\x0cListReplicas\x12\".tao.router.v1.ListReplicasRequest\x1a#.tao.router.v1.ListReplicasResponse\x12Q\n\nAddReplica\x12 .tao.router.v1.AddReplicaRequest\x1a!.tao.router.v1.AddReplicaResponse\x12W\n\x0c\x44rainReplica\x12\".tao.router.v1.DrainReplicaRequest\x1a#.tao.router.v1.DrainReplicaResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atao/router/v1/router.proto\x12\rtao.router.v1\x1a\x1atao/common/v1/common.proto\"\x9f\x02\n\x0bSessionInfo\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12*\n\x05phase\x18\x03 \x01(\x0e\x32\x1b.tao.common.v1.SessionPhase\x12\x0f\n\x07replica\x18\x04 \x01(\t\x12\x10\n\x08\x61\x64mitted\x18\x05 \x01(\x08\x12\x16\n\x0e\x63ontext_tokens\x18\x06 \x01(\x03\x12\x18\n\x10\x66ootprint_tokens\x18\x07 \x01(\x03\x12\x10\n\x08requests\x18\x08 \x01(\x03\x12\x1a\n\x12last_cached_tokens\x18\t \x01(\x03\x12\x13\n\x0blast_ttft_s\x18\n \x01(\x01\x12\x19\n\x11updated_at_unix_s\x18\x0b \x01(\x01\x12\r\n\x05model\x18\x0c \x01(\t\"`\n\x13ListSessionsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12*\n\x05phase\x18\x02 \x01(\x0e\x32\x1b.tao.common.v1.SessionPhase\x12\r\n\x05limit\x18\x03 \x01(\x05\"D\n\x14ListSessionsResponse\x12,\n\x08sessions\x18\x01 \x03(\x0b\x32\x1a.tao.router.v1.SessionInfo\"+\n\x15\x45xplainSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x84\x01\n\x16\x45xplainSessionResponse\x12+\n\x07session\x18\x01 \x01(\x0b\x32\x1a.tao.router.v1.SessionInfo\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12-\n\x0c\x61pplied_plan\x18\x03 \x01(\x0b\x32\x17.tao.common.v1.Revision\":\n\x15ReleaseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"*\n\x16ReleaseSessionResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x8c\x02\n\x0bReplicaInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\x12\x1a\n\x12kv_capacity_tokens\x18\x05 \x01(\x03\x12\x17\n\x0f\x63\x61pacity_tokens\x18\x06 \x01(\x03\x12\x13\n\x0bused_tokens\x18\x07 \x01(\x03\x12\x0f\n\x07running\x18\x08 \x01(\x03\x12\x0f\n\x07waiting\x18\t \x01(\x03\x12\x16\n\x0ekv_cache_usage\x18\n \x01(\x01\x12\x19\n\x11\x61\x64mitted_sessions\x18\x0b \x01(\x03\x12\x0e\n\x06models\x18\x0c \x03(\t\x12\x12\n\nblock_size\x18\r \x01(\x05\"\x15\n\x13ListReplicasRequest\"D\n\x14ListReplicasResponse\x12,\n\x08replicas\x18\x01 \x03(\x0b\x32\x1a.tao.router.v1.ReplicaInfo\"H\n\x11\x41\x64\x64ReplicaRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x1a\n\x12kv_capacity_tokens\x18\x03 \x01(\x03\"A\n\x12\x41\x64\x64ReplicaResponse\x12+\n\x07replica\x18\x01 \x01(\x0b\x32\x1a.tao.router.v1.ReplicaInfo\"!\n\x13\x44rainReplicaRequest\x12\n\n\x02id\x18\x01 \x01(\t\"C\n\x14\x44rainReplicaResponse\x12+\n\x07replica\x18\x01 \x01(\x0b\x32\x1a.tao.router.v1.ReplicaInfo2\xb0\x04\n\x12RouterAdminService\x12W\n\x0cListSessions\x12\".tao.router.v1.ListSessionsRequest\x1a#.tao.router.v1.ListSessionsResponse\x12]\n\x0e\x45xplainSession\x12$.tao.router.v1.ExplainSessionRequest\x1a%.tao.router.v1.ExplainSessionResponse\x12]\n\x0eReleaseSession\x12$.tao.router.v1.ReleaseSessionRequest\x1a%.tao.router.v1.ReleaseSessionResponse\x12W\n\x0cListReplicas\x12\".tao.router.v1.ListReplicasRequest\x1a#.tao.router.v1.ListReplicasResponse\x12Q\n\nAddReplica\x12 .tao.router.v1.AddReplicaRequest\x1a!.tao.router.v1.AddReplicaResponse\x12W\n\x0c\x44rainReplica\x12\".tao.router.v1.DrainReplicaRequest\x1a#.tao.router.v1.DrainReplicaResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,33 +33,33 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tao.router.v1.router_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SESSIONINFO']._serialized_start=74
-  _globals['_SESSIONINFO']._serialized_end=346
-  _globals['_LISTSESSIONSREQUEST']._serialized_start=348
-  _globals['_LISTSESSIONSREQUEST']._serialized_end=444
-  _globals['_LISTSESSIONSRESPONSE']._serialized_start=446
-  _globals['_LISTSESSIONSRESPONSE']._serialized_end=514
-  _globals['_EXPLAINSESSIONREQUEST']._serialized_start=516
-  _globals['_EXPLAINSESSIONREQUEST']._serialized_end=559
-  _globals['_EXPLAINSESSIONRESPONSE']._serialized_start=562
-  _globals['_EXPLAINSESSIONRESPONSE']._serialized_end=694
-  _globals['_RELEASESESSIONREQUEST']._serialized_start=696
-  _globals['_RELEASESESSIONREQUEST']._serialized_end=754
-  _globals['_RELEASESESSIONRESPONSE']._serialized_start=756
-  _globals['_RELEASESESSIONRESPONSE']._serialized_end=798
-  _globals['_REPLICAINFO']._serialized_start=801
-  _globals['_REPLICAINFO']._serialized_end=1033
-  _globals['_LISTREPLICASREQUEST']._serialized_start=1035
-  _globals['_LISTREPLICASREQUEST']._serialized_end=1056
-  _globals['_LISTREPLICASRESPONSE']._serialized_start=1058
-  _globals['_LISTREPLICASRESPONSE']._serialized_end=1126
-  _globals['_ADDREPLICAREQUEST']._serialized_start=1128
-  _globals['_ADDREPLICAREQUEST']._serialized_end=1200
-  _globals['_ADDREPLICARESPONSE']._serialized_start=1202
-  _globals['_ADDREPLICARESPONSE']._serialized_end=1267
-  _globals['_DRAINREPLICAREQUEST']._serialized_start=1269
-  _globals['_DRAINREPLICAREQUEST']._serialized_end=1302
-  _globals['_DRAINREPLICARESPONSE']._serialized_start=1304
-  _globals['_DRAINREPLICARESPONSE']._serialized_end=1371
-  _globals['_ROUTERADMINSERVICE']._serialized_start=1374
-  _globals['_ROUTERADMINSERVICE']._serialized_end=1934
+  _globals['_SESSIONINFO']._serialized_end=361
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=363
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=459
+  _globals['_LISTSESSIONSRESPONSE']._serialized_start=461
+  _globals['_LISTSESSIONSRESPONSE']._serialized_end=529
+  _globals['_EXPLAINSESSIONREQUEST']._serialized_start=531
+  _globals['_EXPLAINSESSIONREQUEST']._serialized_end=574
+  _globals['_EXPLAINSESSIONRESPONSE']._serialized_start=577
+  _globals['_EXPLAINSESSIONRESPONSE']._serialized_end=709
+  _globals['_RELEASESESSIONREQUEST']._serialized_start=711
+  _globals['_RELEASESESSIONREQUEST']._serialized_end=769
+  _globals['_RELEASESESSIONRESPONSE']._serialized_start=771
+  _globals['_RELEASESESSIONRESPONSE']._serialized_end=813
+  _globals['_REPLICAINFO']._serialized_start=816
+  _globals['_REPLICAINFO']._serialized_end=1084
+  _globals['_LISTREPLICASREQUEST']._serialized_start=1086
+  _globals['_LISTREPLICASREQUEST']._serialized_end=1107
+  _globals['_LISTREPLICASRESPONSE']._serialized_start=1109
+  _globals['_LISTREPLICASRESPONSE']._serialized_end=1177
+  _globals['_ADDREPLICAREQUEST']._serialized_start=1179
+  _globals['_ADDREPLICAREQUEST']._serialized_end=1251
+  _globals['_ADDREPLICARESPONSE']._serialized_start=1253
+  _globals['_ADDREPLICARESPONSE']._serialized_end=1318
+  _globals['_DRAINREPLICAREQUEST']._serialized_start=1320
+  _globals['_DRAINREPLICAREQUEST']._serialized_end=1353
+  _globals['_DRAINREPLICARESPONSE']._serialized_start=1355
+  _globals['_DRAINREPLICARESPONSE']._serialized_end=1422
+  _globals['_ROUTERADMINSERVICE']._serialized_start=1425
+  _globals['_ROUTERADMINSERVICE']._serialized_end=1985
 # @@protoc_insertion_point(module_scope)

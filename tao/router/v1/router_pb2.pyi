@@ -38,6 +38,7 @@ class SessionInfo(_message.Message):
     LAST_CACHED_TOKENS_FIELD_NUMBER: _builtins.int
     LAST_TTFT_S_FIELD_NUMBER: _builtins.int
     UPDATED_AT_UNIX_S_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Session id."""
     tenant: _builtins.str
@@ -60,6 +61,8 @@ class SessionInfo(_message.Message):
     """Time to first token of the last request, seconds."""
     updated_at_unix_s: _builtins.float
     """Last activity, Unix seconds."""
+    model: _builtins.str
+    """The model its latest request named."""
     def __init__(
         self,
         *,
@@ -74,10 +77,11 @@ class SessionInfo(_message.Message):
         last_cached_tokens: _builtins.int = ...,
         last_ttft_s: _builtins.float = ...,
         updated_at_unix_s: _builtins.float = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted", b"admitted", "context_tokens", b"context_tokens", "footprint_tokens", b"footprint_tokens", "last_cached_tokens", b"last_cached_tokens", "last_ttft_s", b"last_ttft_s", "phase", b"phase", "replica", b"replica", "requests", b"requests", "session_id", b"session_id", "tenant", b"tenant", "updated_at_unix_s", b"updated_at_unix_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted", b"admitted", "context_tokens", b"context_tokens", "footprint_tokens", b"footprint_tokens", "last_cached_tokens", b"last_cached_tokens", "last_ttft_s", b"last_ttft_s", "model", b"model", "phase", b"phase", "replica", b"replica", "requests", b"requests", "session_id", b"session_id", "tenant", b"tenant", "updated_at_unix_s", b"updated_at_unix_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -258,6 +262,8 @@ class ReplicaInfo(_message.Message):
     WAITING_FIELD_NUMBER: _builtins.int
     KV_CACHE_USAGE_FIELD_NUMBER: _builtins.int
     ADMITTED_SESSIONS_FIELD_NUMBER: _builtins.int
+    MODELS_FIELD_NUMBER: _builtins.int
+    BLOCK_SIZE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Replica id."""
     url: _builtins.str
@@ -280,6 +286,12 @@ class ReplicaInfo(_message.Message):
     """vllm:kv_cache_usage_perc in [0, 1]."""
     admitted_sessions: _builtins.int
     """Sessions admitted on it."""
+    block_size: _builtins.int
+    """KV block size in tokens (vllm:cache_config_info; 16 until reported)."""
+    @_builtins.property
+    def models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Model names it serves (its /v1/models)."""
+
     def __init__(
         self,
         *,
@@ -294,10 +306,12 @@ class ReplicaInfo(_message.Message):
         waiting: _builtins.int = ...,
         kv_cache_usage: _builtins.float = ...,
         admitted_sessions: _builtins.int = ...,
+        models: _abc.Iterable[_builtins.str] | None = ...,
+        block_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_sessions", b"admitted_sessions", "capacity_tokens", b"capacity_tokens", "draining", b"draining", "healthy", b"healthy", "id", b"id", "kv_cache_usage", b"kv_cache_usage", "kv_capacity_tokens", b"kv_capacity_tokens", "running", b"running", "url", b"url", "used_tokens", b"used_tokens", "waiting", b"waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_sessions", b"admitted_sessions", "block_size", b"block_size", "capacity_tokens", b"capacity_tokens", "draining", b"draining", "healthy", b"healthy", "id", b"id", "kv_cache_usage", b"kv_cache_usage", "kv_capacity_tokens", b"kv_capacity_tokens", "models", b"models", "running", b"running", "url", b"url", "used_tokens", b"used_tokens", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
