@@ -32,6 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from redis.exceptions import RedisError
 
 from services.common import tracing
+from services.common.aio import within
 from services.common.clock import ScaledClock
 from services.common.epoch import new_epoch
 from services.common.errors import StartupError
@@ -42,6 +43,8 @@ from services.common.redis_client import make_redis
 from services.common.settings import ServiceSettings
 
 HEALTH_POLL_S = 1.0
+#: gRPC health service name that is SERVING from start until graceful shutdown (liveness probes)
+LIVENESS_SERVICE = "liveness"
 #: how long past the gRPC grace a service app may take to stop its own tasks
 APP_STOP_TIMEOUT_S = 5.0
 
@@ -113,15 +116,21 @@ class RunningService:
             await self.health.set(svc, status)
 
     async def _watch_health(self) -> None:
-        """SERVING while Redis answers (and the app's optional ``ready()`` agrees)."""
+        """SERVING while Redis answers (and the app's optional ``ready()`` agrees).
+
+        An active/standby app (optional ``leading()``) keeps the server as a whole ("") SERVING
+        on a standby but sets its own service names NOT_SERVING there: readiness probes on the
+        service name route clients to the leader, liveness on "" keeps the standby alive.
+        """
         log = self.ctx.log
+        names_serving: bool | None = None
         while True:
             ok = True
             try:
                 # One answer within the client's own timeout: the client's retry policy (up to
                 # 4 attempts with backoff, right for data operations) would otherwise stretch
                 # a frozen or unreachable Redis into ~4 timeouts before health says so.
-                await asyncio.wait_for(self.ctx.redis.ping(), timeout=self.settings.redis_timeout_s)
+                await within(self.ctx.redis.ping(), self.settings.redis_timeout_s)
             except (TimeoutError, RedisError, OSError):
                 ok = False
             ready_hook = getattr(self.app, "ready", None)
@@ -130,12 +139,15 @@ class RunningService:
                     ok = bool(await ready_hook())
                 except Exception:  # a failing readiness probe means not ready
                     ok = False
-            if ok != self.serving:
-                self.serving = ok
-                await self._set_all(
-                    health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
-                )
-                log.info("health", serving=ok)
+            leading_hook = getattr(self.app, "leading", None)
+            names_ok = ok and (leading_hook is None or bool(leading_hook()))
+            if ok != self.serving or names_ok != names_serving:
+                self.serving, names_serving = ok, names_ok
+                on, off = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+                await self.health.set("", on if ok else off)
+                for svc in self.app.grpc_service_names:
+                    await self.health.set(svc, on if names_ok else off)
+                log.info("health", serving=ok, **({} if leading_hook is None else {"leader": names_ok}))
             await asyncio.sleep(HEALTH_POLL_S)
 
     async def stop(self, grace_s: float | None = None) -> None:
@@ -247,6 +259,10 @@ async def start_service(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for svc in ("", *app.grpc_service_names):
         await health_servicer.set(svc, health_pb2.HealthCheckResponse.NOT_SERVING)
+    # Liveness (Kubernetes `grpc:` livenessProbe with service "liveness"): SERVING while the process
+    # answers, whatever Redis does, so an outage of Redis makes pods unready but never restarts them;
+    # NOT_SERVING only once graceful shutdown starts. The readiness name is "" (the server as a whole).
+    await health_servicer.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     await app.start(server, ctx)
     reflection.enable_server_reflection(
         (*app.grpc_service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
@@ -277,6 +293,18 @@ async def start_service(
 S = TypeVar("S", bound=ServiceSettings)
 
 
+def event_loop_factory(kind: str = "asyncio") -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The loop ``ServiceSettings.event_loop`` names: asyncio's (``None``) by default; uvloop's
+    when asked for and installed (see that setting for why it is not the default)."""
+    if kind != "uvloop":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def run_service(name: str, app_factory: Callable[[S], ServiceApp], settings: S) -> int:
     """Run a service until SIGTERM/SIGINT. Start-up problems print one line and return 2."""
     configure_logging(name, settings.log_level, settings.log_format)
@@ -294,7 +322,8 @@ def run_service(name: str, app_factory: Callable[[S], ServiceApp], settings: S) 
         return 0
 
     try:
-        return asyncio.run(main())
+        with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
+            return runner.run(main())
     except StartupError as exc:
         print(f"tao serve {name}: {exc}", file=sys.stderr)
         return 2

@@ -2,7 +2,7 @@
 
 A writer picks a random epoch at start-up and numbers what it publishes 1, 2, 3, ... in
 process memory, so revisions keep increasing across a Redis wipe. Every publish also
-re-asserts ``tao:<service>:epoch``; a reader accepts a value only when its epoch equals the
+re-asserts ``{tao}:<service>:epoch``; a reader accepts a value only when its epoch equals the
 live epoch there and its revision is newer than the last one it applied. A value from a
 previous writer process (stale epoch) therefore always loses, even with a higher revision.
 """

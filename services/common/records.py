@@ -8,11 +8,21 @@ seconds (``*_unix_s``).
 
 from __future__ import annotations
 
-from typing import Literal, TypeVar
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+)
 
-from services.common.vocabulary import EvidenceKind, Phase
+from services.common.core.evidence import CacheEvidence
+from services.common.vocabulary import DEFAULT_BLOCK_SIZE, Phase
 
 
 class RecordError(ValueError):
@@ -26,22 +36,42 @@ class Record(BaseModel):
     rev: int = Field(ge=0)
 
 
-class CacheObservation(BaseModel):
-    """What the router last learned about a session's cache on one replica (planner credit input)."""
+def _evidence_from_wire(value: Any) -> Any:
+    """The stored form names the time ``observed_at_unix_s`` (records keep Unix seconds)."""
+    if isinstance(value, Mapping) and "observed_at_unix_s" in value:
+        return {**{k: v for k, v in value.items() if k != "observed_at_unix_s"},
+                "observed_at_s": value["observed_at_unix_s"]}
+    return value
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
 
-    replica: str
-    #: k0: tokens believed resident on the replica right after the observation
-    resident_tokens: int = Field(ge=0)
-    #: prompt tokens of the request that produced the observation
-    prompt_tokens: int = Field(ge=0)
-    #: usage.prompt_tokens_details.cached_tokens reported by the replica (0 when absent)
-    cached_tokens: int = Field(ge=0)
-    #: total tokens this session has processed on the replica (volume evidence)
-    processed_tokens: int = Field(ge=0)
-    observed_at_unix_s: float
-    kind: EvidenceKind
+def _evidence_checked(e: CacheEvidence) -> CacheEvidence:
+    if min(e.resident_tokens, e.prompt_tokens, e.cached_tokens, e.processed_tokens) < 0:
+        raise ValueError("cache evidence token counts must be >= 0")
+    return e
+
+
+def _evidence_to_wire(e: CacheEvidence) -> dict[str, Any]:
+    return {
+        "replica": e.replica,
+        "resident_tokens": e.resident_tokens,
+        "prompt_tokens": e.prompt_tokens,
+        "cached_tokens": e.cached_tokens,
+        "processed_tokens": e.processed_tokens,
+        "observed_at_unix_s": e.observed_at_s,
+        "kind": e.kind,
+    }
+
+
+StoredCacheEvidence = Annotated[
+    CacheEvidence,
+    BeforeValidator(_evidence_from_wire),
+    AfterValidator(_evidence_checked),
+    PlainSerializer(_evidence_to_wire),
+]
+"""``CacheEvidence`` as a ``SessionRecord`` stores it: ``observed_at_s`` on the Unix clock,
+written (and read) as ``observed_at_unix_s``; every token count >= 0. The JSON is the one the
+record has always had: replica, resident_tokens (k0), prompt_tokens and cached_tokens of the
+observing request, processed_tokens (volume evidence), observed_at_unix_s, kind."""
 
 
 class SessionRecord(Record):
@@ -63,11 +93,14 @@ class SessionRecord(Record):
     requests: int = Field(default=0, ge=0)
     last_cached_tokens: int = Field(default=0, ge=0)
     last_ttft_s: float | None = None
-    cache: tuple[CacheObservation, ...] = ()
+    #: cache evidence per replica, ``observed_at_s`` in Unix seconds (``StoredCacheEvidence``)
+    cache: tuple[StoredCacheEvidence, ...] = ()
     created_at_unix_s: float
     updated_at_unix_s: float
     waiting_since_unix_s: float | None = None
     acting_since_unix_s: float | None = None
+    #: the model its latest request named ("" = none: any replica)
+    model: str = ""
 
 
 class ReplicaRecord(Record):
@@ -85,6 +118,10 @@ class ReplicaRecord(Record):
     waiting: int = Field(default=0, ge=0)
     kv_cache_usage: float = Field(default=0.0, ge=0.0, le=1.0)
     prefix_hit_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+    #: model names its /v1/models lists (empty until known: it serves no named model)
+    models: tuple[str, ...] = ()
+    #: KV block size in tokens (vllm:cache_config_info; DEFAULT_BLOCK_SIZE until reported)
+    block_size: int = Field(default=DEFAULT_BLOCK_SIZE, ge=1)
     updated_at_unix_s: float
 
 

@@ -1,11 +1,28 @@
-"""One way to build Redis clients: explicit timeouts, bounded retry, ACL user, TLS."""
+"""One way to build Redis clients: explicit timeouts, bounded retry, ACL user, TLS; a single
+server, a Sentinel-managed master, or a Redis Cluster (docs/architecture.md#redis-cluster-and-sentinel).
+
+``redis_url`` forms:
+
+- ``redis://[user:pass@]host:port/db``, ``rediss://...``, ``unix:///path``: one server;
+- ``redis+sentinel://[user:pass@]host:port,host:port,.../service_name[/db]`` (``rediss+sentinel``
+  for TLS to the master): the master the sentinels name for ``service_name``; after a failover new
+  connections go to the new master and commands are retried;
+- ``redis+cluster://[user:pass@]host:port,host:port,...`` (``rediss+cluster``): a Redis Cluster
+  seeded by those nodes. Every TAO key carries the ``{tao}`` hash tag (``services.common.keys``),
+  so every transaction and script touches one slot.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, cast
+from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -13,13 +30,71 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 if TYPE_CHECKING:
     from services.common.settings import ServiceSettings
 
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+SINGLE_SCHEMES = ("redis", "rediss", "unix")
+
+#: PUBLISH ARGV[2..] on channel ARGV[1]. redis-py refuses PUBLISH inside a Cluster pipeline;
+#: as a script it rides in the same pipeline or MULTI on every kind of deployment. KEYS[1] is any
+#: ``{tao}`` key, so a Cluster pipeline sends it to the slot of the rest.
+PUBLISH_MANY_LUA = "for i = 2, #ARGV do redis.call('PUBLISH', ARGV[1], ARGV[i]) end return #ARGV - 1"
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    """A parsed ``redis_url``."""
+
+    kind: Literal["single", "sentinel", "cluster"]
+    tls: bool
+    nodes: tuple[tuple[str, int], ...] = ()  # sentinels or cluster seeds
+    service_name: str = ""  # sentinel only
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+
+
+def parse_redis_url(url: str) -> RedisTarget:
+    """Validate and split ``url``; raises ValueError with what is wrong."""
+    scheme, sep, _ = url.partition("://")
+    if not sep or scheme not in (*SINGLE_SCHEMES, *SENTINEL_SCHEMES, *CLUSTER_SCHEMES):
+        raise ValueError("must start with redis://, rediss://, unix://, redis+sentinel://, rediss+sentinel://, "
+                         "redis+cluster:// or rediss+cluster://")
+    tls = scheme.startswith("rediss")
+    if scheme in SINGLE_SCHEMES:
+        return RedisTarget("single", tls)
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    username = password = None
+    if "@" in netloc:
+        creds, netloc = netloc.rsplit("@", 1)
+        user, _, pw = creds.partition(":")
+        username, password = unquote(user) or None, unquote(pw) if pw else None
+    nodes = []
+    for item in netloc.split(","):
+        host, colon, port_s = item.strip().rpartition(":")
+        if not colon or not host or not port_s.isdigit() or not 0 < int(port_s) < 65536:
+            raise ValueError(f"{scheme}:// needs host:port[,host:port...]; got {item!r}")
+        nodes.append((host.strip("[]"), int(port_s)))
+    path = [p for p in parts.path.split("/") if p]
+    if scheme in SENTINEL_SCHEMES:
+        if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+            raise ValueError(f"{scheme}:// needs /service_name[/db] after the sentinels")
+        return RedisTarget("sentinel", tls, tuple(nodes), path[0], int(path[1]) if len(path) == 2 else 0,
+                           username, password)
+    if path and path != ["0"]:
+        raise ValueError("a Redis Cluster has only database 0")
+    return RedisTarget("cluster", tls, tuple(nodes), "", 0, username, password)
+
 
 def make_redis(settings: ServiceSettings) -> aioredis.Redis:
-    """An asyncio Redis client for ``settings.redis_url`` (``redis://`` or ``rediss://``).
+    """An asyncio Redis client for ``settings.redis_url`` (any form above).
 
     Operations time out after ``redis_timeout_s`` and are retried up to three times with
-    exponential backoff on connection errors, so a brief Redis restart is ridden out.
+    exponential backoff on connection errors, so a brief Redis restart or a Sentinel failover is
+    ridden out. A ``RedisCluster`` is returned typed as ``Redis``: TAO uses only commands, pipelines,
+    scripts and pub/sub, which both provide.
     """
+    target = parse_redis_url(settings.redis_url)
     kwargs: dict[str, object] = {
         "socket_timeout": settings.redis_timeout_s,
         "socket_connect_timeout": settings.redis_timeout_s,
@@ -29,10 +104,55 @@ def make_redis(settings: ServiceSettings) -> aioredis.Redis:
         "decode_responses": True,
         "client_name": f"tao-{settings.service_name}",
     }
-    if settings.redis_username:
-        kwargs["username"] = settings.redis_username
-    if settings.redis_password is not None:
-        kwargs["password"] = settings.redis_password.get_secret_value()
-    if settings.redis_url.startswith("rediss://") and settings.redis_ca_file is not None:
-        kwargs["ssl_ca_certs"] = str(settings.redis_ca_file)
+    username = settings.redis_username or target.username
+    password = settings.redis_password.get_secret_value() if settings.redis_password is not None else target.password
+    if username:
+        kwargs["username"] = username
+    if password is not None:
+        kwargs["password"] = password
+    if target.tls:
+        if target.kind != "single":
+            kwargs["ssl"] = True
+        if settings.redis_ca_file is not None:
+            kwargs["ssl_ca_certs"] = str(settings.redis_ca_file)
+    if target.kind == "sentinel":
+        sentinel_kwargs: dict[str, object] = {"socket_timeout": settings.redis_timeout_s,
+                                              "socket_connect_timeout": settings.redis_timeout_s,
+                                              "decode_responses": True}
+        if settings.redis_sentinel_password is not None:
+            sentinel_kwargs["password"] = settings.redis_sentinel_password.get_secret_value()
+        sentinel = Sentinel(list(target.nodes), sentinel_kwargs=sentinel_kwargs, **kwargs)  # type: ignore[no-untyped-call]
+        return cast(aioredis.Redis, sentinel.master_for(target.service_name, db=target.db))
+    if target.kind == "cluster":
+        cluster = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in target.nodes], **kwargs)  # type: ignore[arg-type]
+        return cast(aioredis.Redis, cluster)
     return aioredis.Redis.from_url(settings.redis_url, **kwargs)  # type: ignore[arg-type]
+
+
+async def transaction(redis: aioredis.Redis) -> Pipeline:
+    """``redis.pipeline(transaction=True)`` (MULTI/EXEC), safe on a Redis Cluster.
+
+    redis-py's asyncio cluster transaction pipeline (8.1) queues each command by running it on a
+    new event loop in a thread that the calling loop joins. When the cluster client is due to
+    reload its slot map (a node failed), that thread starts the reload under the client's asyncio
+    lock, which a coroutine of the blocked calling loop may hold mid-reload: both wait forever.
+    The fleet fault suite hung the leader planner this way when it killed a Redis master. So the
+    reload runs here first, on the caller's loop; queueing then does no I/O and no ``await``,
+    so nothing can flag another reload before the pipeline is built.
+    """
+    await reload_slots(redis)
+    return redis.pipeline(transaction=True)
+
+
+async def reload_slots(redis: aioredis.Redis) -> None:
+    """On a Redis Cluster client, a slot-map reload that is due, on the caller's loop (call it
+    again before queueing into a ``transaction`` pipeline after any ``await``: WATCH)."""
+    if isinstance(redis, RedisCluster):
+        await redis.initialize()
+
+
+def publish_in(pipe: Any, slot_key: str, channel: str, messages: list[str]) -> None:
+    """Queue PUBLISH of ``messages`` on ``channel`` in ``pipe`` (a pipeline or MULTI of any kind of
+    deployment, Cluster included), as one script call routed by ``slot_key``."""
+    if messages:
+        pipe.eval(PUBLISH_MANY_LUA, 1, slot_key, channel, *messages)

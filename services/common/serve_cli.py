@@ -14,7 +14,7 @@ from types import ModuleType
 
 from services.common.bootstrap import run_service
 from services.common.errors import StartupError
-from services.common.settings import load_settings
+from services.common.settings import ServiceSettings, load_settings
 
 SERVICES = ("router", "planner", "predictor", "budget")
 
@@ -42,13 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             extra(p)
 
 
-def run(args: argparse.Namespace) -> int:
-    service: str = args.service
-    try:
-        module = _module(service)
-    except ImportError as exc:
-        print(f"tao serve {service}: service not available: {exc}", file=sys.stderr)
-        return 2
+def load_service_settings(module: ModuleType, args: argparse.Namespace) -> ServiceSettings:
+    """The settings ``tao serve`` starts ``module``'s service with: its flags over the
+    environment over the config file (``StartupError`` when invalid). The deployment tests
+    load the compose files' commands through it."""
     overrides = {
         "host": args.host,
         "port": args.port,
@@ -59,8 +56,19 @@ def run(args: argparse.Namespace) -> int:
     more = getattr(module, "settings_overrides", None)
     if more is not None:
         overrides.update(more(args))
+    settings: ServiceSettings = load_settings(module.Settings, config_file=args.config, **overrides)
+    return settings
+
+
+def run(args: argparse.Namespace) -> int:
+    service: str = args.service
     try:
-        settings = load_settings(module.Settings, config_file=args.config, **overrides)
+        module = _module(service)
+    except ImportError as exc:
+        print(f"tao serve {service}: service not available: {exc}", file=sys.stderr)
+        return 2
+    try:
+        settings = load_service_settings(module, args)
         app_factory = module.build_app
         return run_service(service, app_factory, settings)
     except StartupError as exc:

@@ -17,8 +17,10 @@ import yaml
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError
 
 from services.common.errors import StartupError
+from services.common.redis_client import parse_redis_url
 
 _file_values: ContextVar[dict[str, Any] | None] = ContextVar("tao_settings_file", default=None)
 
@@ -47,10 +49,15 @@ class ServiceSettings(BaseSettings):
     metrics_port: int | None = Field(
         default=None, ge=0, le=65535, description="Prometheus /metrics port; unset disables, 0 picks one"
     )
-    redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="redis:// or rediss:// URL")
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        description="redis:// or rediss:// (one server), redis+sentinel://host:port,host:port/service_name[/db] "
+        "(the master Sentinel names), redis+cluster://host:port,host:port (a Redis Cluster); rediss+ for TLS")
     redis_username: str | None = Field(default=None, description="Redis ACL user")
     redis_password: SecretStr | None = Field(default=None, description="Redis password")
     redis_ca_file: Path | None = Field(default=None, description="CA bundle for rediss://")
+    redis_sentinel_password: SecretStr | None = Field(
+        default=None, description="password of the Sentinel processes themselves (redis+sentinel://), if they have one")
     redis_timeout_s: float = Field(default=2.0, gt=0, le=60)
     redis_startup_timeout_s: float = Field(default=10.0, ge=0, le=600, description="how long start-up waits for Redis")
     auth_token: SecretStr | None = Field(default=None, description="bearer token required on every RPC but health")
@@ -63,6 +70,13 @@ class ServiceSettings(BaseSettings):
     grace_s: float = Field(default=5.0, ge=0, le=300, description="graceful-shutdown grace for in-flight RPCs")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
+    #: "uvloop" runs the service on libuv's loop (3–9 % less router CPU per streamed token,
+    #: docs/benchmarks.md#router) but redis-py's asyncio client then does not recover from a
+    #: reset Redis connection: uvloop raises RuntimeError ("the handler is closed") where
+    #: asyncio raises ConnectionError, and the client keeps the dead connection (the fault
+    #: suite's proxy_redis scenario lost every later request). Opt in only without that risk.
+    event_loop: Literal["asyncio", "uvloop"] = Field(
+        default="asyncio", description="asyncio's event loop, or uvloop's (see the comment above)")
     config_file: Path | None = None
     time_scale: float = Field(
         default=1.0, gt=0, le=1000,
@@ -78,8 +92,7 @@ class ServiceSettings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _check_redis_url(cls, value: str) -> str:
-        if not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must start with redis://, rediss:// or unix://")
+        parse_redis_url(value)  # ValueError says what is wrong
         return value
 
     @model_validator(mode="after")
@@ -103,6 +116,18 @@ class ServiceSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _FileSource(settings_cls), file_secret_settings)
+
+
+class LeaderElectionSettings(ServiceSettings):
+    """Settings of a service that runs active/standby (planner, budget): one leader at a time,
+    elected by a Redis lease (services/common/lease.py, docs/architecture.md#high-availability)."""
+
+    leader_election: bool = Field(
+        default=True, description="hold a Redis lease to publish; several instances run active/standby. "
+        "Off: this instance always publishes (one instance only)")
+    lease_ttl_s: float = Field(
+        default=5.0, ge=0.3, le=300.0, description="wall seconds: the leader renews every ttl/3; a standby takes "
+        "over within about ttl + ttl/3 of the leader's death (at once after a clean shutdown)")
 
 
 S = TypeVar("S", bound=ServiceSettings)
@@ -131,7 +156,7 @@ def load_settings(cls: type[S], config_file: Path | None = None, **overrides: An
         try:
             probe = cls(**overrides)
             config_file = probe.config_file
-        except ValidationError:
+        except (ValidationError, SettingsError):
             config_file = None
     values = _read_config_file(config_file) if config_file is not None else None
     token = _file_values.set(values)
@@ -139,6 +164,9 @@ def load_settings(cls: type[S], config_file: Path | None = None, **overrides: An
         return cls(**overrides)
     except ValidationError as exc:
         raise StartupError(f"invalid {cls.service_name} settings: {describe_validation_error(exc)}") from exc
+    except SettingsError as exc:  # an environment value of a list/mapping setting that is not JSON
+        raise StartupError(f"invalid {cls.service_name} settings: {exc}; list and mapping settings "
+                           'given in the environment are JSON, e.g. \'["a", "b"]\' or \'{"k": 1}\'') from exc
     finally:
         _file_values.reset(token)
 

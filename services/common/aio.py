@@ -1,0 +1,61 @@
+"""Background tasks and deadlines that never lose a cancellation.
+
+Two ways a cancellation gets lost, and the helpers that prevent them:
+
+- redis-py (and aiohttp) can turn a cancellation in the middle of an I/O call into their own
+  connection errors; a loop that catches those and goes on would ignore ``Task.cancel()`` and
+  hang shutdown. ``reraise_if_cancelling`` restores the cancellation; ``stop_tasks`` cancels,
+  waits a bounded time, and never blocks shutdown for good.
+- On Python 3.11, ``asyncio.wait_for`` swallows a cancellation that arrives in the same loop
+  iteration as the awaited result (the inner task finished, so it returns the result instead
+  of raising; fixed in 3.12, where ``wait_for`` is built on ``asyncio.timeout``). A loop that
+  waits on an event with ``wait_for`` then survives ``task.cancel()`` and runs on after its
+  service stopped: a stopped planner kept publishing plans. ``asyncio.timeout`` counts
+  cancellations per task and never mistakes an outside cancel for its own, so every deadline
+  in the services goes through ``within`` and ``wait_event``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Iterable
+from typing import TypeVar
+
+__all__ = ["reraise_if_cancelling", "stop_tasks", "wait_event", "within"]
+
+T = TypeVar("T")
+
+
+def reraise_if_cancelling() -> None:
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError()
+
+
+async def stop_tasks(tasks: Iterable[asyncio.Task[None]], timeout_s: float = 2.0) -> None:
+    pending = [t for t in tasks if not t.done()]
+    for t in pending:
+        t.cancel()
+    if pending:
+        await asyncio.wait(pending, timeout=timeout_s)
+    for t in pending:
+        if t.done() and not t.cancelled():
+            with contextlib.suppress(BaseException):
+                t.result()
+
+
+async def within(awaitable: Awaitable[T], timeout_s: float) -> T:
+    """``await awaitable``, raising ``TimeoutError`` after ``timeout_s`` (it is cancelled then)."""
+    async with asyncio.timeout(timeout_s):
+        return await awaitable
+
+
+async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait until ``event`` is set or ``timeout_s`` passes; True when it was set."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True

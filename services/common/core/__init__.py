@@ -1,0 +1,1 @@
+"""Pure cores shared by several services (no I/O, injected clock)."""
