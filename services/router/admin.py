@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import grpc
 
+from services.common.convert import PHASE_TO_PROTO
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from services.router.core.model import Session
 from services.router.core.state import SessionBusy, UnknownSession
@@ -14,12 +15,6 @@ from tao.common.v1 import common_pb2
 from tao.router.v1 import router_pb2, router_pb2_grpc
 
 MAX_LIST = 10_000
-PHASES = {
-    "WAITING": common_pb2.SESSION_PHASE_WAITING,
-    "RUNNING": common_pb2.SESSION_PHASE_RUNNING,
-    "ACTING": common_pb2.SESSION_PHASE_ACTING,
-    "PAUSED": common_pb2.SESSION_PHASE_PAUSED,
-}
 
 
 class RouterAdmin(router_pb2_grpc.RouterAdminServiceServicer):
@@ -28,10 +23,10 @@ class RouterAdmin(router_pb2_grpc.RouterAdminServiceServicer):
 
     def _session(self, s: Session) -> router_pb2.SessionInfo:
         return router_pb2.SessionInfo(
-            session_id=s.id, tenant=s.tenant, phase=PHASES[self.rt.core.phase(s)], replica=s.replica or "",
+            session_id=s.id, tenant=s.tenant, phase=PHASE_TO_PROTO[self.rt.core.phase(s)], replica=s.replica or "",
             admitted=s.admitted, context_tokens=s.tokens.context_tokens, footprint_tokens=s.footprint_tokens,
             requests=s.tokens.requests, last_cached_tokens=s.last_cached_tokens, last_ttft_s=s.last_ttft_s or 0.0,
-            updated_at_unix_s=self.rt.to_unix(s.updated_s),
+            updated_at_unix_s=self.rt.to_unix(s.updated_s), model=s.model,
         )
 
     def _replica(self, e: ReplicaEntry) -> router_pb2.ReplicaInfo:
@@ -42,7 +37,8 @@ class RouterAdmin(router_pb2_grpc.RouterAdminServiceServicer):
             id=e.id, url=e.url, healthy=view.healthy, draining=view.draining,
             kv_capacity_tokens=view.kv_capacity_tokens, capacity_tokens=core.capacity(e.id),
             used_tokens=max(0, core.used.get(e.id, 0)), running=view.running, waiting=view.waiting,
-            kv_cache_usage=view.kv_cache_usage, admitted_sessions=admitted,
+            kv_cache_usage=view.kv_cache_usage, admitted_sessions=admitted, models=list(view.models),
+            block_size=view.block_size,
         )
 
     async def ListSessions(self, request: router_pb2.ListSessionsRequest,
@@ -51,7 +47,7 @@ class RouterAdmin(router_pb2_grpc.RouterAdminServiceServicer):
             raise InvalidArgument(f"limit must be in [0, {MAX_LIST}], got {request.limit}")
         if request.phase == common_pb2.SESSION_PHASE_ENDED:
             return router_pb2.ListSessionsResponse()  # ended sessions are forgotten
-        if request.phase not in (common_pb2.SESSION_PHASE_UNSPECIFIED, *PHASES.values()):
+        if request.phase not in (common_pb2.SESSION_PHASE_UNSPECIFIED, *PHASE_TO_PROTO.values()):
             raise InvalidArgument(f"unknown phase {request.phase}")
         limit = request.limit or MAX_LIST
         core = self.rt.core
@@ -60,7 +56,7 @@ class RouterAdmin(router_pb2_grpc.RouterAdminServiceServicer):
             s = core.sessions[sid]
             if request.tenant and s.tenant != request.tenant:
                 continue
-            if request.phase and PHASES[core.phase(s)] != request.phase:
+            if request.phase and PHASE_TO_PROTO[core.phase(s)] != request.phase:
                 continue
             out.append(self._session(s))
             if len(out) >= limit:

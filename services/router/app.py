@@ -7,15 +7,21 @@ Routes: POST /v1/chat/completions, POST /v1/completions (streaming and not), GET
 POST /programs/release ``{"program_id": ...}`` -> ``{"program_id", "released"}``; GET
 /v1/sessions and GET /v1/sessions/{id}: the operators' list and "why is it waiting" answer
 (``sessions_http.py``, ``core/explain.py``; ``tao sessions`` / ``tao explain``).
+ThunderAgent's other endpoints answer in its JSON shapes (``core/programs.py``): GET /programs,
+GET /profiles[/{id}] (400 "Profiling not enabled", as ThunderAgent without ``--profile``), its
+``/health`` fields next to the router's, and its JSON ``/metrics`` with ``?format=json`` or
+``Accept: application/json``.
 
 Session: ``x-session-id`` header, else ``program_id`` in the body or in a literal
-``extra_body`` object; none -> a single-turn session. Every error is an OpenAI-style
+``extra_body`` object; none -> a single-turn session (or, with ``default_program_id`` set,
+that session, as ThunderAgent files every request without a ``program_id`` under "default"). Every error is an OpenAI-style
 ``{"error": {"message", "type", "param", "code"}}``; a rejected request changes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import os
 from collections.abc import Awaitable, Callable
@@ -27,13 +33,21 @@ from services.common import tracing
 from services.router import sessions_http
 from services.router import tracing as router_tracing
 from services.router.auth import Authenticator, ReloadingAuthenticator, bearer_key
+from services.router.core import programs
 from services.router.core.model import Grant, NewRequest
 from services.router.core.ratelimit import parse_limits
 from services.router.core.state import SessionBusy, SessionConflict, UnknownSession
+from services.router.prompt_length import PromptCounter
 from services.router.proxy import Exchange, error_response, serve, unavailable
 from services.router.ratelimit import RateLimiter, admit
 from services.router.runtime import HoldTimeout, RouterRuntime, SessionReleased
-from services.router.validation import RequestError, check_context, check_session_id, parse_request
+from services.router.validation import (
+    ParsedRequest,
+    RequestError,
+    check_context,
+    check_session_id,
+    parse_request,
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 #: the x-ratelimit-* headers of a rate-limited tenant's request, added to its answer
@@ -47,11 +61,15 @@ class Gateway:
         self.settings = rt.settings
         self.limiter = RateLimiter(rt.ctx.redis, rt.ctx.metrics, self.settings.rate_limit_timeout_s, rt.log)
         self.base_limits = parse_limits(self.settings.rate_limits, "rate_limits")
+        self.counter = PromptCounter(self.settings.prompt_length, self.settings.tokenize_timeout_s,
+                                     self.settings.tokenizer, rt.ctx.metrics, rt.log)
 
     def build(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body_bytes,
                               middlewares=[*tracing.aiohttp_middlewares(), self._errors])
         app.on_response_prepare.append(self._rate_headers)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._cleanup)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.list_models)
@@ -59,9 +77,18 @@ class Gateway:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/v1/sessions/{session_id}/release", self.release_session)
         app.router.add_post("/programs/release", self.release_program)
+        app.router.add_get("/programs", self.list_programs)
+        app.router.add_get("/profiles", self.profiles)
+        app.router.add_get("/profiles/{program_id}", self.profiles)
         app.router.add_get("/v1/sessions", self.list_sessions)
         app.router.add_get("/v1/sessions/{session_id}", self.explain_session)
         return app
+
+    async def _start(self, _app: web.Application) -> None:
+        await self.counter.start()
+
+    async def _cleanup(self, _app: web.Application) -> None:
+        await self.counter.close()
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -133,11 +160,21 @@ class Gateway:
         parsed = parse_request(await self.body(request), chat)
         header_sid = request.headers.get("x-session-id")
         session_id = check_session_id(header_sid, "x-session-id") if header_sid is not None else parsed.session_id
+        if session_id is None:
+            session_id = self.settings.default_program_id  # ThunderAgent files these under "default"
+        if rt.fleet is not None and session_id is not None and not rt.fleet.owns(session_id):
+            # another router may own the session: it serves the request (fleet.py)
+            answer = await rt.fleet.route(request, session_id, await self.body(request))
+            if answer is not None:
+                return answer
         if not rt.models:
             return unavailable(rt, "no replica is available yet")
         if parsed.model not in rt.models:
-            raise RequestError(404, f"The model `{parsed.model}` does not exist.", param="model",
-                               code="model_not_found")
+            # vLLM's answer, word for word (vllm-project/vllm, vllm/entrypoints/openai/engine/serving.py,
+            # OpenAIServing._check_model): NotFoundError, param "model", code = the HTTP status
+            raise RequestError(404, f"The model `{parsed.model}` does not exist.", param="model", code=404,
+                               type_="NotFoundError")
+        parsed = await self._prompt_length(parsed, session_id, chat)
         check_context(parsed, rt.max_model_len(parsed.model))
         limits = {**self.base_limits, **self.auth.limits} if isinstance(self.auth, ReloadingAuthenticator) \
             else self.base_limits
@@ -154,11 +191,13 @@ class Gateway:
         request_id = os.urandom(16).hex()  # 128 random bits, like uuid4().hex without the UUID object
         single = session_id is None
         sid = f"req-{request_id}" if session_id is None else session_id
+        if single and rt.fleet is not None:
+            rt.fleet.local(sid)
         router_tracing.annotate(request_id, sid, tenant)
         arrived = rt.now()
         try:
             pending = rt.submit(NewRequest(request_id, sid, tenant, single, parsed.prompt_tokens_estimate,
-                                           parsed.max_tokens))
+                                           parsed.max_tokens, parsed.model))
         except SessionConflict as exc:
             raise RequestError(409, str(exc), param="x-session-id", code="session_conflict") from exc
         own_s = rt.now() - entered
@@ -187,6 +226,22 @@ class Gateway:
         rt.metrics.count_request(path, response.status)
         return response
 
+    async def _prompt_length(self, parsed: ParsedRequest, session_id: str | None, chat: bool) -> ParsedRequest:
+        """The exact prompt length of a session's first request (``prompt_length.py``)."""
+        if parsed.prompt_tokens_exact:
+            self.counter.exact()
+            return parsed
+        s = self.rt.core.sessions.get(session_id) if session_id is not None else None
+        if s is not None and (s.tokens.requests or s.in_flight or s.held):
+            self.counter.estimated()  # its footprint comes from the last answer's usage
+            return parsed
+        urls = [e.url for e in self.rt.registry.entries.values()
+                if parsed.model in e.models and e.view().healthy and not e.draining]
+        n = await self.counter.count(parsed.upstream_body, chat, parsed.model, urls, self.rt.upstream_headers)
+        if n is None:
+            return parsed
+        return dataclasses.replace(parsed, prompt_tokens_estimate=n, prompt_tokens_exact=True)
+
     # ------------------------------------------------------------------ the rest
 
     async def list_models(self, request: web.Request) -> web.Response:
@@ -208,10 +263,26 @@ class Gateway:
             "planner_silent": self.rt.core.config.gating and self.rt.planner_silent(),
             "sessions": len(self.rt.core.sessions),
             "held_requests": len(self.rt.core.held),
+            **self._thunderagent_health(),
         }
         return web.json_response(body, status=200 if ok else 503)
 
+    def _thunderagent_health(self) -> dict[str, object]:
+        """ThunderAgent's ``/health`` fields (ThunderAgent-org/ThunderAgent, ThunderAgent/app.py
+        ``health_check``), for harnesses that read them."""
+        core = self.rt.core
+        stats = programs.program_stats(core.sessions.values(), core.replicas, core.config.gating)
+        return {"router_mode": "tr" if core.config.gating else "default", "scheduling_enabled": core.config.gating,
+                "backends": [e.url for e in self.rt.registry.entries.values()], "programs_count": stats["total"],
+                "reasoning_count": stats["reasoning"], "acting_count": stats["acting"],
+                "paused_count": stats["paused"], "per_backend": stats["per_backend"], "profile_enabled": False}
+
     async def metrics(self, request: web.Request) -> web.Response:
+        accept = request.headers.get("Accept", "")
+        prometheus = "text/plain" in accept or "openmetrics" in accept
+        if request.query.get("format") == "json" or accept.startswith("application/json") or (
+                self.settings.thunderagent_metrics and not prometheus):
+            return web.json_response(self._thunderagent_metrics())
         return web.Response(body=generate_latest(self.rt.ctx.metrics), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def _release(self, tenant: str, session_id: str, force: bool) -> bool:
@@ -221,9 +292,19 @@ class Gateway:
         self.rt.release(session_id, force)
         return True
 
-    async def release_session(self, request: web.Request) -> web.Response:
+    async def _at_owner(self, request: web.Request, session_id: str) -> web.StreamResponse | None:
+        """Fleet mode: the owner's answer for a request about an existing session owned by
+        another router (None: answer here)."""
+        fleet = self.rt.fleet
+        if fleet is None or fleet.owns(session_id):
+            return None
+        return await fleet.route_existing(request, session_id, await request.read())
+
+    async def release_session(self, request: web.Request) -> web.StreamResponse:
         tenant = self.tenant(request)
         sid = check_session_id(request.match_info["session_id"], "session_id")
+        if (answer := await self._at_owner(request, sid)) is not None:
+            return answer
         force = request.query.get("force", "").lower() in ("1", "true", "yes")
         try:
             released = self._release(tenant, sid, force)
@@ -238,12 +319,41 @@ class Gateway:
     async def list_sessions(self, request: web.Request) -> web.Response:
         return web.json_response(sessions_http.list_sessions(self.rt, self.viewer(request), dict(request.query)))
 
-    async def explain_session(self, request: web.Request) -> web.Response:
+    async def explain_session(self, request: web.Request) -> web.StreamResponse:
         viewer = self.viewer(request)
         sid = check_session_id(request.match_info["session_id"], "session_id")
+        if (answer := await self._at_owner(request, sid)) is not None:
+            return answer
         return web.json_response(await sessions_http.explain(self.rt, sid, viewer))
 
-    async def release_program(self, request: web.Request) -> web.Response:
+    def _thunderagent_metrics(self) -> dict[str, object]:
+        """ThunderAgent's JSON ``/metrics`` (ThunderAgent/app.py ``get_metrics``), asked for with
+        ``?format=json`` or ``Accept: application/json``; Prometheus text otherwise."""
+        core = self.rt.core
+        stats = programs.program_stats(core.sessions.values(), core.replicas, core.config.gating)
+        backends = {}
+        for rep in core.replicas.values():
+            mine = [s for s in core.sessions.values() if s.admitted and s.replica == rep.id]
+            backends[rep.url] = programs.backend_entry(
+                rep, mine, core.used.get(rep.id, 0), core.config.target_utilisation, core.config.gating,
+                stats["per_backend"][rep.url]["paused"])
+        return {"metrics_enabled": True, "metrics_interval": self.settings.health_interval_s, "backends": backends}
+
+    async def list_programs(self, request: web.Request) -> web.Response:
+        """ThunderAgent's ``GET /programs`` (ThunderAgent/app.py ``list_programs``): the caller's
+        sessions (all of them in dev mode or with the admin token) as programs."""
+        core = self.rt.core
+        return web.json_response(programs.list_programs(core.sessions.values(), core.replicas, core.config.gating,
+                                                        self.viewer(request)))
+
+    async def profiles(self, request: web.Request) -> web.Response:
+        """ThunderAgent's ``GET /profiles`` and ``/profiles/{id}`` answer when it runs without
+        ``--profile`` (ThunderAgent/app.py ``list_profiles`` / ``get_profile``): the router keeps
+        no per-step profile; ``GET /v1/sessions/{id}`` has its timings."""
+        self.viewer(request)
+        return web.json_response({"error": "Profiling not enabled. Start with --profile flag."}, status=400)
+
+    async def release_program(self, request: web.Request) -> web.StreamResponse:
         tenant = self.tenant(request)
         try:
             payload = await request.json()
@@ -252,6 +362,8 @@ class Gateway:
         if not isinstance(payload, dict) or not payload.get("program_id"):
             raise RequestError(400, "Missing program_id", param="program_id", code="missing_required_parameter")
         pid = check_session_id(payload["program_id"], "program_id")
+        if (answer := await self._at_owner(request, pid)) is not None:
+            return answer
         try:
             released = self._release(tenant, pid, force=True)
         except UnknownSession:

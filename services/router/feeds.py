@@ -22,9 +22,9 @@ import structlog
 from redis.exceptions import RedisError
 
 from services.common import keys
+from services.common.aio import reraise_if_cancelling, stop_tasks
 from services.common.epoch import Stamp, StampFence
 from services.common.records import Record, RecordError, load
-from services.router.tasks import reraise_if_cancelling, stop_tasks
 
 R = TypeVar("R", bound=Record)
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ class _StateCollector(Collector):
     def __init__(self, runtime: RouterRuntime) -> None:
         self._rt = runtime
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         core = self._rt.core
         phases = GaugeMetricFamily("tao_router_sessions", "Sessions by phase.", labels=["phase"])
         counts: dict[str, int] = {p: 0 for p in ("WAITING", "RUNNING", "ACTING", "PAUSED")}
@@ -51,6 +51,21 @@ class _StateCollector(Collector):
         yield cap
         yield GaugeMetricFamily("tao_router_planner_silent", "1 while the local fallback policy admits.",
                                 value=1.0 if core.config.gating and self._rt.planner_silent() else 0.0)
+        fleet = self._rt.fleet
+        if fleet is not None:  # fleet mode (fleet.py)
+            yield GaugeMetricFamily("tao_router_fleet_member", "1 while this router's member lease is valid.",
+                                    value=1.0 if fleet.member() else 0.0)
+            yield GaugeMetricFamily("tao_router_fleet_owned_sessions", "Sessions this router owns.",
+                                    value=len(fleet.owned))
+            yield CounterMetricFamily("tao_router_fleet_forwarded", "Requests forwarded to their session's owner.",
+                                      value=fleet.forwarded)
+            yield CounterMetricFamily("tao_router_fleet_takeovers", "Sessions taken over from dead routers.",
+                                      value=fleet.takeovers)
+            slots = GaugeMetricFamily("tao_router_fleet_slots", "Admission slots of the tenant's budget cap "
+                                      "this router holds.", labels=["tenant"])
+            for tenant, n in sorted(fleet.allot.items()):
+                slots.add_metric([tenant], n)
+            yield slots
 
 
 class RouterMetrics:

@@ -19,15 +19,16 @@ Every grant is settled exactly once (``finish`` or ``retry``), whatever happens.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from aiohttp import HttpVersion11, web
 
 from services.common import tracing
 from services.router import tracing as router_tracing
 from services.router.core.model import Grant
+from services.router.core.tools import StreamedCalls, ToolCall, calls_of_answer
 from services.router.relay import StreamRelay, parse_usage, take_usage
 from services.router.runtime import HoldTimeout, RouterRuntime, SessionReleased
 from services.router.upstream import Origin, UpstreamError, request_head
@@ -84,7 +85,7 @@ def unavailable(rt: RouterRuntime, message: str) -> web.Response:
 
 def _stream_error(message: str) -> bytes:
     body = {"error": {"message": message, "type": "server_error", "param": None, "code": 502}}
-    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
+    return b"data: " + orjson.dumps(body) + b"\n\ndata: [DONE]\n\n"
 
 
 async def serve(rt: RouterRuntime, request: web.Request, ex: Exchange, grant: Grant) -> web.StreamResponse:
@@ -155,17 +156,24 @@ async def _attempt(rt: RouterRuntime, request: web.Request, ex: Exchange, grant:
             if ex.span is not None:
                 ex.span.add_event("first_byte")
             usage = None
+            calls: tuple[ToolCall, ...] = ()
             if resp.status == 200:
                 try:
-                    usage = parse_usage(json.loads(data))
+                    answer = orjson.loads(data)
                 except ValueError:
-                    usage = None
+                    answer = None
+                usage = parse_usage(answer)
+                calls = calls_of_answer(ex.request_id, answer)
             elapsed = rt.now() - ex.arrived_s
             rt.first_token(ex.request_id, elapsed)
             rt.metrics.ttft.observe(elapsed)  # an unstreamed answer's first byte goes out with all of it
             rt.registry.report_success(grant.replica)
             ex.settled = True
             rt.finish(ex.request_id, ex.tenant, usage, elapsed)
+            if calls:
+                rt.tool_calls(ex.session_id, calls)
+            if usage is not None:
+                rt.learn_prompt(ex.session_id, grant.replica, ex.path, ex.parsed.upstream_body)
             if 400 <= resp.status < 500:
                 rt.drop_if_unused(ex.session_id)
             out_headers["Content-Type"] = resp.headers.get("content-type", "application/json")
@@ -182,6 +190,8 @@ async def _relay(rt: RouterRuntime, request: web.Request, ex: Exchange, grant: G
     """Relay a stream (``StreamRelay`` writes the events; this task prepares the client
     response, drains it under backpressure and settles the end)."""
     relay = StreamRelay(resp, not ex.parsed.client_wants_usage, rt.now)
+    if ex.parsed.has_tools:
+        relay.tools = StreamedCalls()
     resp.attach(relay)
     client: web.StreamResponse | None = None
     try:
@@ -207,6 +217,9 @@ async def _relay(rt: RouterRuntime, request: web.Request, ex: Exchange, grant: G
             rt.registry.report_success(grant.replica)
             ex.settled = True
             rt.finish(ex.request_id, ex.tenant, relay.usage, rt.now() - ex.arrived_s)
+            if relay.tools is not None and (calls := relay.tools.calls(ex.request_id)):
+                rt.tool_calls(ex.session_id, calls)
+            rt.learn_prompt(ex.session_id, grant.replica, ex.path, ex.parsed.upstream_body)
             if client is None:
                 client = await _open_client(rt, request, ex, relay, out_headers)
             try:

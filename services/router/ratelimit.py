@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter
 from redis.exceptions import RedisError
 
 from services.common import keys
+from services.common.aio import within
 from services.router.core.ratelimit import WINDOW_US, RateDecision, RateLimit, gcra, limit_for, token_cost
 
 # KEYS[1] the tenant's hash; ARGV: now_us, window_us, rpm, tpm, cost
@@ -87,7 +88,7 @@ class RateLimiter:
             decision, _ = gcra(None, None, now_us, limit, cost_tokens)
         else:
             try:
-                raw = await asyncio.wait_for(
+                raw = await within(
                     self._script(keys=[keys.rate_limit_key(tenant)],
                                  args=[now_us, WINDOW_US, limit.rpm, limit.tpm, cost_tokens]),
                     self.timeout_s)

@@ -24,12 +24,14 @@ when the upstream body ends.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import orjson
+
 from services.router.core.model import Usage
+from services.router.core.tools import StreamedCalls
 from services.router.upstream import UpstreamError
 from services.router.upstream_pool import UpstreamResponse
 
@@ -56,7 +58,7 @@ def _usage_event(event: bytes, strip: bool) -> tuple[bytes | None, Usage | None]
         return event, None
     payload = event[event.index(b"data:") + 5:] if b"data:" in event else b""
     try:
-        obj = json.loads(payload)
+        obj = orjson.loads(payload)
     except ValueError:
         return event, None
     if not isinstance(obj, dict):
@@ -66,8 +68,21 @@ def _usage_event(event: bytes, strip: bool) -> tuple[bytes | None, Usage | None]
         return event, found
     if obj.get("choices"):
         obj.pop("usage", None)
-        return b"data: " + json.dumps(obj, separators=(",", ":")).encode(), found
+        return b"data: " + orjson.dumps(obj), found
     return None, found
+
+
+def events_with(block: bytes, key: bytes) -> Iterator[tuple[int, int]]:
+    """(start, end) of each SSE event of ``block`` (complete events, each ending with a blank
+    line) whose bytes contain ``key``, in order, each once; ``end`` excludes the blank line."""
+    pos = block.find(key)
+    while pos >= 0:
+        start = block.rfind(b"\n\n", 0, pos)
+        start = 0 if start < 0 else start + 2
+        end = block.find(b"\n\n", pos)
+        end = len(block) if end < 0 else end
+        yield start, end
+        pos = block.find(key, end)
 
 
 def take_usage(block: bytes, strip: bool) -> tuple[bytes, Usage | None]:
@@ -78,12 +93,7 @@ def take_usage(block: bytes, strip: bool) -> tuple[bytes, Usage | None]:
     found: Usage | None = None
     parts: list[bytes] = []
     copied = 0
-    pos = block.find(b'"usage"')
-    while pos >= 0:
-        start = block.rfind(b"\n\n", 0, pos)
-        start = 0 if start < 0 else start + 2
-        end = block.find(b"\n\n", pos)
-        end = len(block) if end < 0 else end
+    for start, end in events_with(block, b'"usage"'):
         original = block[start:end]
         event, usage = _usage_event(original, strip)
         found = usage or found
@@ -92,7 +102,6 @@ def take_usage(block: bytes, strip: bool) -> tuple[bytes, Usage | None]:
             if event is not None:
                 parts.append(event + b"\n\n")
             copied = min(len(block), end + 2)
-        pos = block.find(b'"usage"', end)
     if not parts:
         return block, found
     parts.append(block[copied:])
@@ -103,7 +112,8 @@ class StreamRelay:
     """One streamed response's relay state (see module doc). Event-loop thread only."""
 
     __slots__ = ("_buf", "_now", "_signalled", "_strip", "_transport", "_upstream", "_waiter", "chunked",
-                 "client_gone", "ended", "error", "final", "first_read_s", "paused", "pending", "saw_done", "usage")
+                 "client_gone", "ended", "error", "final", "first_read_s", "paused", "pending", "saw_done", "tools",
+                 "usage")
 
     def __init__(self, upstream: UpstreamResponse, strip_usage: bool, now: Callable[[], float]) -> None:
         self._upstream = upstream
@@ -116,6 +126,9 @@ class StreamRelay:
         self.chunked = True
         self.pending: list[bytes] = []
         self.usage: Usage | None = None
+        #: the answer's tool calls, assembled from the events that mention "tool_calls"; None (the
+        #: request offered no tools, so the answer calls none): the stream is not looked at
+        self.tools: StreamedCalls | None = None
         self.saw_done = False
         self.final = b""
         self.ended = False
@@ -145,6 +158,8 @@ class StreamRelay:
             block, found = take_usage(block, self._strip)
             if found is not None:
                 self.usage = found
+        if self.tools is not None and b'"tool_calls"' in block:
+            self._tool_events(self.tools, block)
         if block.endswith(DONE_EVENT):  # the last event: the handler sends it with the end of the response
             self.saw_done = True
             last = block.rfind(b"\n\n", 0, len(block) - 2) + 2
@@ -158,6 +173,17 @@ class StreamRelay:
             self._signal()
         else:
             self._write(transport, block)
+
+    @staticmethod
+    def _tool_events(tools: StreamedCalls, block: bytes) -> None:
+        """Feed the events of ``block`` that mention ``"tool_calls"`` to ``tools`` (core/tools.py)."""
+        for start, end in events_with(block, b'"tool_calls"'):
+            data = block.find(b"data:", start, end)
+            if data >= 0:
+                try:
+                    tools.feed(orjson.loads(block[data + 5:end]))
+                except ValueError:
+                    pass
 
     def end(self, exc: UpstreamError | None) -> None:
         self.ended = True

@@ -3,9 +3,11 @@ scrapes and the per-replica circuit breaker.
 
 Every ``health_interval_s`` each replica gets ``GET /health``; when it passes, ``GET
 /metrics`` (vLLM names: ``vllm:cache_config_info`` -> KV capacity = num_gpu_blocks ×
-block_size, ``vllm:num_requests_running/waiting``, ``vllm:kv_cache_usage_perc`` (older
+block_size and the block size itself (``DEFAULT_BLOCK_SIZE`` until a scrape says it),
+``vllm:num_requests_running/waiting``, ``vllm:kv_cache_usage_perc`` (older
 ``gpu_cache_usage_perc``), ``vllm:prefix_cache_hits/queries`` -> hit rate over the last
-scrape interval) and, until known and then every 30 probes, ``GET /v1/models``. A refused
+scrape interval) and, until known and then every 30 probes, ``GET /v1/models`` (the served
+model names: only requests and sessions for one of them are placed on the replica). A refused
 connection marks the replica down at once; timeouts and 5xx after two probes in a row.
 Request failures reported by the proxy feed the breaker; an open breaker makes the replica
 unhealthy until it has been open ``breaker_open_s`` and a probe passes.
@@ -14,7 +16,6 @@ unhealthy until it has been open ``breaker_open_s`` and a probe passes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -23,10 +24,11 @@ from urllib.parse import urlsplit
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.common.aio import reraise_if_cancelling, stop_tasks, wait_event
 from services.common.errors import AlreadyExists, InvalidArgument, NotFound
+from services.common.vocabulary import DEFAULT_BLOCK_SIZE
 from services.router.core.breaker import Breaker
 from services.router.core.model import Replica
-from services.router.tasks import reraise_if_cancelling, stop_tasks
 from services.router.upstream import Origin
 
 MODELS_EVERY_PROBES = 30
@@ -41,6 +43,8 @@ class MetricsSample:
     kv_cache_usage: float = 0.0
     prefix_hits: float = 0.0
     prefix_queries: float = 0.0
+    #: ``block_size`` label of ``vllm:cache_config_info`` (0: not reported)
+    block_size: int = 0
 
 
 #: the only metric names the router reads; other lines are dropped before parsing
@@ -56,7 +60,7 @@ def parse_vllm_metrics(text: str) -> MetricsSample:
     ``USED_METRICS`` reach prometheus_client's (pure Python, ~0.1 ms a line) parser, untyped,
     which names their samples as written, so a vLLM /metrics page of hundreds of histogram
     lines costs a few lines' parsing instead of blocking the loop for milliseconds."""
-    kv = running = waiting = 0
+    kv = running = waiting = block = 0
     usage: list[float] = []
     hits = queries = 0.0
     wanted = "\n".join(line for line in text.splitlines() if line.startswith(USED_METRICS))
@@ -65,9 +69,11 @@ def parse_vllm_metrics(text: str) -> MetricsSample:
             name = s.name
             if name == "vllm:cache_config_info":
                 try:
-                    kv += int(s.labels.get("num_gpu_blocks", "0")) * int(s.labels.get("block_size", "0"))
+                    size = int(s.labels.get("block_size", "0"))
+                    kv += int(s.labels.get("num_gpu_blocks", "0")) * size
                 except ValueError:
                     continue
+                block = max(block, size)  # engines of one replica share the cache config
             elif name == "vllm:num_requests_running":
                 running += int(s.value)
             elif name == "vllm:num_requests_waiting":
@@ -79,7 +85,7 @@ def parse_vllm_metrics(text: str) -> MetricsSample:
             elif name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries"):
                 queries += float(s.value)
     kv_usage = min(1.0, max(0.0, sum(usage) / len(usage))) if usage else 0.0
-    return MetricsSample(kv, running, waiting, kv_usage, hits, queries)
+    return MetricsSample(kv, running, waiting, kv_usage, hits, queries, block)
 
 
 def replica_id_for(url: str) -> str:
@@ -126,6 +132,8 @@ class ReplicaEntry:
     prefix_hit_rate: float = 0.0
     models: tuple[str, ...] = ()
     model_cards: tuple[dict[str, object], ...] = ()
+    #: the block size last scraped (kept when a later scrape fails to say it)
+    block_size: int = DEFAULT_BLOCK_SIZE
     last_error: str = ""
     #: where requests go (parsed once from ``url``, which never changes for an entry)
     origin: Origin = field(init=False, repr=False)
@@ -139,6 +147,7 @@ class ReplicaEntry:
             id=self.id, url=self.url, kv_capacity_tokens=kv, healthy=self.probe_ok and not self.breaker.is_open,
             draining=self.draining, running=self.metrics.running, waiting=self.metrics.waiting,
             kv_cache_usage=self.metrics.kv_cache_usage, prefix_hit_rate=self.prefix_hit_rate, models=self.models,
+            block_size=self.block_size,
         )
 
 
@@ -225,8 +234,7 @@ class ReplicaRegistry:
 
     async def _loop(self) -> None:
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), self._interval_s)
+            await wait_event(self._kick, self._interval_s)
             self._kick.clear()
             await self.probe_all()
 
@@ -280,4 +288,6 @@ class ReplicaRegistry:
             e.prefix_hit_rate = min(1.0, m.prefix_hits / m.prefix_queries)
         if not math.isfinite(e.prefix_hit_rate):
             e.prefix_hit_rate = 0.0
+        if m.block_size > 0:
+            e.block_size = m.block_size
         e.metrics = replace(m)

@@ -28,9 +28,18 @@ import structlog
 from redis.exceptions import RedisError
 
 from services.common import keys
+from services.common.aio import reraise_if_cancelling, stop_tasks, wait_event, within
 from services.common.bootstrap import ServiceContext
+from services.common.epoch import RevisionCounter
 from services.common.errors import DomainError
-from services.common.records import AllocationRecord, PlanRecord, PredictionRecord, RecordError, load
+from services.common.records import (
+    AllocationRecord,
+    PlanRecord,
+    PredictionRecord,
+    RecordError,
+    SessionRecord,
+    load,
+)
 from services.planner.core.policy import Policy
 from services.planner.core.registry import make_policy
 from services.router.core.breaker import Breaker
@@ -39,12 +48,15 @@ from services.router.core.model import CoreConfig, Grant, NewRequest, PlanDecisi
 from services.router.core.readiness import PredictionView, is_ready
 from services.router.core.snapshot import build_snapshot
 from services.router.core.state import RouterCore, SessionBusy, UnknownSession
+from services.router.core.tools import ToolCall
 from services.router.feeds import FencedFeed
+from services.router.fleet import RouterFleet
+from services.router.kv_events import KvCredit, KvEventsCollector
 from services.router.metrics import RouterMetrics
 from services.router.replicas import ReplicaEntry, ReplicaRegistry, parse_replica_spec
 from services.router.settings import Settings
 from services.router.store import StateStore
-from services.router.tasks import reraise_if_cancelling, stop_tasks
+from services.router.tool_events import ToolEvents
 from services.router.upstream_pool import UpstreamPool
 
 UPSTREAM_KEEPALIVE_S = 60.0  # idle keep-alive connections to replicas are closed after this (wall s)
@@ -84,8 +96,11 @@ class RouterRuntime:
                 target_utilisation=settings.target_utilisation, ewma_alpha=settings.ewma_alpha,
                 default_output_tokens=settings.default_output_tokens, session_ttl_s=settings.session_ttl_s,
                 gating=self.policy.gates_admission, sticky=self.policy.sticky, max_attempts=settings.max_attempts,
+                fast_admit=bool(getattr(self.policy, "fast_admit", False)),
             ),
             policy=self.policy,
+            hold_limit=getattr(self.policy, "hold_limit", None) if self.policy.gates_admission else None,
+            over_capacity=float(getattr(self.policy, "over_capacity", 1.0)) if self.policy.gates_admission else 1.0,
         )
         self.registry = ReplicaRegistry(
             self._replica_changed, self.clock.now, interval_s=settings.health_interval_s,
@@ -104,6 +119,7 @@ class RouterRuntime:
                                      channel=keys.ALLOCATION_CHANNEL, record=AllocationRecord,
                                      apply=self._apply_allocation, poll_s=settings.plan_poll_s, log=self.log)
         self.metrics = RouterMetrics(ctx.metrics, self)
+        self.tool_events = ToolEvents(settings, self.clock.unix, ctx.metrics, self.log)
         self.models: frozenset[str] = frozenset()
         #: per model, the largest ``max_model_len`` of the healthy replicas serving it (None
         #: when one of them does not say); derived with ``models`` on every replica change
@@ -123,6 +139,24 @@ class RouterRuntime:
         self.longest_tool_s = 0.0
         self.last_plan: PlanRecord | None = None
         self.fallback_runs = 0
+        #: kv_events credit from the replicas' KV-event publishers (None: none configured)
+        self.kv: KvCredit | None = None
+        if settings.kv_events:
+            self.kv = KvCredit(self.core, settings.kv_events, now=self.now, base_url=self._replica_url,
+                               headers=self.upstream_headers, wake=self.store.wake, refresh_s=settings.kv_refresh_s,
+                               replay_timeout_s=settings.kv_replay_timeout_s, log=self.log,
+                               credit=settings.kv_events_credit)
+            ctx.metrics.register(KvEventsCollector(self.kv))
+        #: N routers on one Redis (fleet.py); None: the sole router, as without it
+        self.fleet: RouterFleet | None = None
+        if settings.fleet:
+            self.fleet = RouterFleet(
+                ctx.redis, self.core, router_id=settings.router_id, ttl_s=settings.member_ttl_s,
+                process_epoch=ctx.epoch, log=self.log, tenant_header=settings.dev_tenant_header,
+                read_timeout_s=settings.upstream_read_timeout_s, on_epoch=self._fleet_epoch,
+                on_caps=self._fleet_caps, on_takeover=self._take_over, on_lost=self._lost_session,
+                on_unused=self.store.forget)
+            self.store.fleet = self.fleet
         self._waiters: dict[str, Waiter] = {}
         self._fallback_kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -147,7 +181,11 @@ class RouterRuntime:
     async def start(self) -> None:
         s = self.settings
         await self.upstream.start()
+        await self.tool_events.start()
         sessions, replica_records = await self.store.restore(self.now())
+        if self.fleet is not None:
+            sessions = []  # each is restored by the router that takes it over (_take_over)
+            await self.fleet.start()
         for spec in s.replicas:
             rid, url = parse_replica_spec(spec)
             self.registry.add(rid, url)
@@ -170,24 +208,32 @@ class RouterRuntime:
         self.store.start(self.now)
         self.store.mark_all()
         self._tasks = [asyncio.create_task(self._housekeeping(), name="router-housekeeping")]
+        if self.kv is not None:
+            await self.kv.start()
         if self.core.config.gating:
             self._tasks.append(asyncio.create_task(self._fallback_loop(), name="router-fallback"))
 
     async def stop(self) -> None:
         await stop_tasks(self._tasks)
+        if self.kv is not None:
+            await self.kv.stop()
         await self.plans.stop()
         await self.allocation.stop()
         await self.registry.stop()
         await self.store.stop()
+        if self.fleet is not None:
+            await self.fleet.stop()
         for w in self._waiters.values():
             if not w.future.done():
                 w.future.set_exception(HoldTimeout())
         await self.upstream.close()
+        await self.tool_events.close()
 
     # ------------------------------------------------------------------ requests
 
     def submit(self, req: NewRequest) -> Grant | asyncio.Future[Grant]:
         """Admit a request: its grant now, or a future resolved when it may go."""
+        self.tool_events.next_request(req.session_id)  # it carries the results of its last answer's tools
         s = self.core.sessions.get(req.session_id)
         if s is not None and s.in_flight == 0 and s.held == 0 and s.acting_since_s is not None:
             self.longest_tool_s = max(self.longest_tool_s, self.now() - s.acting_since_s)
@@ -202,6 +248,8 @@ class RouterRuntime:
         self._waiters[request_id] = Waiter(fut, tenant)
         if self.core.config.gating:
             self._fallback_kick.set()
+        if self.fleet is not None:
+            self.fleet.kick()  # it may need more admission slots
         return fut
 
     def plans_live(self) -> bool:
@@ -282,6 +330,20 @@ class RouterRuntime:
         self.store.wake()
         self.pump(tenant)
 
+    def _replica_url(self, replica_id: str) -> str | None:
+        entry = self.registry.entries.get(replica_id)
+        return None if entry is None else entry.url
+
+    def learn_prompt(self, session_id: str, replica_id: str, path: str, body: bytes) -> None:
+        """A request succeeded on ``replica_id``: with KV events there, learn its prompt's blocks."""
+        if self.kv is not None and session_id in self.core.sessions:
+            self.kv.learn(session_id, replica_id, path, body)
+
+    def tool_calls(self, session_id: str, calls: tuple[ToolCall, ...]) -> None:
+        """The answer that just finished called ``calls`` (``core/tools.py``): the session
+        acts (``finish`` made it ACTING) and the predictor hears what it runs."""
+        self.tool_events.started(session_id, calls, self.core.sessions.__contains__)
+
     def retry(self, request_id: str, tenant: str, replica_down: bool) -> asyncio.Future[Grant] | None:
         """After a failure before the first byte: a future for the next attempt, or None."""
         again = self.core.fail_before_first_byte(self.now(), request_id, replica_down)
@@ -296,6 +358,7 @@ class RouterRuntime:
     def release(self, session_id: str, force: bool) -> None:
         """End a session (raises the core's UnknownSession / SessionBusy)."""
         cancelled = self.core.release(self.now(), session_id, force)
+        self.tool_events.ended(session_id)
         for rid in cancelled:
             w = self._waiters.pop(rid, None)
             if w is not None and not w.future.done():
@@ -354,14 +417,55 @@ class RouterRuntime:
             self.pump()
 
     def _apply_allocation(self, rec: AllocationRecord) -> None:
+        if self.fleet is not None:
+            self.fleet.set_budget_caps(rec.caps)  # the core admits within its slots (_fleet_caps)
+            return
         self.core.set_caps(rec.caps, rec.limits)
         self.store.wake()
         self.pump()
 
+    # ------------------------------------------------------------------ fleet
+
+    def _fleet_epoch(self, epoch: str) -> None:
+        """A new member term: everything is written again under its writer epoch."""
+        self.store.revisions = RevisionCounter(epoch)
+        self.store.mark_all()
+
+    def _fleet_caps(self) -> None:
+        """The slots this router holds changed: they are its core's caps (limits = caps: no
+        lending across tenants, whose vacated slots may be another router's)."""
+        assert self.fleet is not None
+        caps = self.fleet.core_caps()
+        if caps != self.core.caps:
+            self.core.set_caps(caps, caps)
+            self.pump()
+
+    def _take_over(self, session_id: str, raw: str) -> None:
+        """This router now owns ``session_id``: adopt its last record (a dead owner's session; it
+        replaces an idle stale copy this router kept from before it lost the session)."""
+        mine = self.core.sessions.get(session_id)
+        if not raw or (mine is not None and (mine.in_flight or mine.held)):
+            return  # nothing recorded, or this router's own state is running (and newer)
+        try:
+            self.core.restore([self.store.session_from_record(load(SessionRecord, raw))])
+        except RecordError as exc:
+            self.log.warning("unreadable session record at takeover", session_id=session_id, error=str(exc))
+            return
+        rep = self.core.sessions[session_id].replica
+        if rep is not None and not self.core.replicas[rep].healthy:
+            self.core.replica_down(rep, self.now())
+        self.store.wake()
+
+    def _lost_session(self, session_id: str) -> None:
+        """Another router owns ``session_id`` now: forget it here (unless a request still runs)."""
+        s = self.core.sessions.get(session_id)
+        if s is not None and s.in_flight == 0:
+            with contextlib.suppress(UnknownSession, SessionBusy):
+                self.release(session_id, force=False)
+
     async def _fallback_loop(self) -> None:
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._fallback_kick.wait(), self.wall(self.settings.fallback_interval_s))
+            await wait_event(self._fallback_kick, self.wall(self.settings.fallback_interval_s))
             self._fallback_kick.clear()
             await asyncio.sleep(0.002)  # gather a burst of arrivals into one plan
             if not self.planner_silent():
@@ -399,7 +503,7 @@ class RouterRuntime:
         try:
             # bounded: a slow or absent Redis must not delay admission (readiness then
             # comes only from held requests, as when the predictor is down)
-            raws = await asyncio.wait_for(self.ctx.redis.hmget(keys.PREDICTIONS, session_ids[:5000]), 0.1)
+            raws = await within(self.ctx.redis.hmget(keys.PREDICTIONS, session_ids[:5000]), 0.1)
         except (TimeoutError, RedisError, OSError):
             reraise_if_cancelling()
             return {}
@@ -424,6 +528,8 @@ class RouterRuntime:
             await asyncio.sleep(1.0)
             if self.core.expire(self.now()):
                 self.store.wake()
+            if self.fleet is not None:
+                self.fleet.sweep(self.core.sessions)
 
 
 def _context_limits(entries: Iterable[ReplicaEntry]) -> dict[str, int | None]:

@@ -62,6 +62,11 @@ class RouterApp:
         self._runner = runner
         sockets = getattr(site._server, "sockets", None) or []
         self.http_port = int(sockets[0].getsockname()[1]) if sockets else s.http_port
+        if rt.fleet is not None:
+            if not s.advertise_url and s.http_host in ("0.0.0.0", "::", ""):
+                ctx.log.warning("fleet: other routers will forward to a wildcard address; set advertise_url",
+                                url=self.base_url)
+            await rt.fleet.advertise(s.advertise_url or self.base_url)
         router_pb2_grpc.add_RouterAdminServiceServicer_to_server(RouterAdmin(rt), server)
         ctx.log.info("gateway listening", url=self.base_url, policy=s.policy, replicas=len(rt.registry.entries))
         print(f"tao router gateway on {self.base_url}", file=sys.stderr, flush=True)
@@ -96,6 +101,12 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan-stale-s", type=float, default=None, help="planner counts as silent after this")
     parser.add_argument("--kv-capacity-tokens", type=int, default=None,
                         help="KV tokens of replicas that do not export vllm:cache_config_info")
+    parser.add_argument("--fleet", action="store_true", default=None,
+                        help="one of several routers on the same Redis (session ownership, forwarding)")
+    parser.add_argument("--router-id", default=None, help="this router's fleet id (default random)")
+    parser.add_argument("--advertise-url", default=None,
+                        help="URL other fleet routers forward to (default http://HOST:PORT)")
+    parser.add_argument("--member-ttl-s", type=float, default=None, help="fleet member lease (wall s)")
 
 
 def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -110,4 +121,8 @@ def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "plan_hold_timeout_s": args.plan_hold_timeout_s,
         "plan_stale_s": args.plan_stale_s,
         "replica_kv_capacity_tokens": args.kv_capacity_tokens,
+        "fleet": args.fleet,
+        "router_id": args.router_id,
+        "advertise_url": args.advertise_url,
+        "member_ttl_s": args.member_ttl_s,
     }

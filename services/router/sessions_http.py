@@ -12,16 +12,15 @@ wait: without Redis the explanation says there is no prediction).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from redis.exceptions import RedisError
 
 from services.common import keys
+from services.common.aio import reraise_if_cancelling, within
 from services.common.records import PredictionRecord, RecordError, load
 from services.router.core.explain import PlanFacts, PredictionFacts, explain_session, session_row
 from services.router.runtime import RouterRuntime
-from services.router.tasks import reraise_if_cancelling
 from services.router.validation import RequestError
 
 PHASES = ("WAITING", "RUNNING", "ACTING", "PAUSED")
@@ -47,7 +46,7 @@ def plan_facts(rt: RouterRuntime) -> PlanFacts:
 
 async def prediction_of(rt: RouterRuntime, session_id: str) -> PredictionFacts | None:
     try:
-        raw = await asyncio.wait_for(rt.ctx.redis.hget(keys.PREDICTIONS, session_id), 0.25)
+        raw = await within(rt.ctx.redis.hget(keys.PREDICTIONS, session_id), 0.25)
     except (TimeoutError, RedisError, OSError):
         reraise_if_cancelling()
         return None

@@ -23,11 +23,12 @@ timestamp the router shares; I/O pacing and network timeouts (``health_interval_
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from services.common.kv_events import KvEventSource
 from services.common.settings import ServiceSettings
 
 
@@ -85,6 +86,33 @@ class Settings(ServiceSettings):
     session_ttl_s: float = Field(default=900.0, gt=0.0, description="idle sessions end after this long")
     default_output_tokens: int = Field(default=256, ge=1, description="expected output of a new session")
     ewma_alpha: float = Field(default=0.3, gt=0.0, le=1.0)
+    prompt_length: Literal["tokenize", "local", "estimate"] = Field(
+        default="tokenize",
+        description="exact prompt tokens of a session's first request (prompt_length.py): 'tokenize' asks the "
+                    "local tokenizer if set, else a replica's POST /tokenize; 'local' the local tokenizer only; "
+                    "'estimate' never (characters / 4)")
+    tokenize_timeout_s: float = Field(default=0.1, gt=0.0, le=10.0,
+                                      description="longest wait for a replica's /tokenize answer (wall s); "
+                                                  "slower: the estimate stands")
+    tokenizer: str | None = Field(
+        default=None, description="Hugging Face tokenizer name or path for exact prompt lengths without a round "
+                                  "trip (needs transformers installed; its chat template is used)")
+    predictor_address: str | None = Field(
+        default=None, description="predictor gRPC host:port: the tool calls read from answers are reported to it "
+                                  "as tool events (tool_events.py); unset: not reported")
+    predictor_ca_file: Path | None = Field(default=None, description="CA bundle for a TLS predictor")
+    tool_events: bool = Field(default=True, description="report answers' tool calls to predictor_address")
+    default_program_id: str | None = Field(
+        default=None, min_length=1, max_length=256,
+        description="session of requests that name none (no x-session-id, no program_id); unset: each is a "
+                    "single-turn session. ThunderAgent files them all under 'default' (ThunderAgent/app.py "
+                    "get_program_id): set 'default' for a harness that relies on that")
+    thunderagent_metrics: bool = Field(
+        default=False,
+        description="GET /metrics answers ThunderAgent's JSON (ThunderAgent/app.py get_metrics) unless the client "
+                    "asks for Prometheus text (Accept text/plain or openmetrics, as Prometheus does): harnesses "
+                    "written for ThunderAgent read /metrics as JSON without asking; off: JSON only on "
+                    "?format=json or Accept: application/json")
 
     # --- state in Redis
     flush_interval_s: float = Field(default=0.05, ge=0.0, le=5.0,
@@ -92,6 +120,35 @@ class Settings(ServiceSettings):
     demand_interval_s: float = Field(default=1.0, gt=0.0, le=60.0, description="demand records refresh")
     resync_interval_s: float = Field(default=2.0, gt=0.0, le=60.0, description="detect a wiped Redis")
     plan_poll_s: float = Field(default=1.0, gt=0.0, le=60.0, description="re-read plan/allocation keys")
+
+    # --- fleet (fleet.py; docs/architecture.md#router-fleet): N routers on one Redis
+    fleet: bool = Field(
+        default=False,
+        description="run as one of several routers on the same Redis: session ownership with fencing, "
+                    "forwarding to the owner, fleet-wide admission slots; off: the sole router")
+    router_id: str = Field(default="", max_length=64, pattern=r"^[A-Za-z0-9_.:-]*$",
+                           description="this router's id in the fleet (empty: random)")
+    advertise_url: str = Field(default="", description="URL other routers forward to (default "
+                                                       "http://<http_host>:<http_port>)")
+    member_ttl_s: float = Field(default=3.0, gt=0.0, le=600.0,
+                                description="fleet member lease (wall s): a dead router's sessions are "
+                                            "taken over within about this long")
+
+    # --- KV events (kv_events.py): replicas that publish vLLM's KV-cache events
+    kv_events: dict[str, KvEventSource] = Field(
+        default_factory=dict,
+        description='per replica id, where its KV events are published, e.g. TAO_ROUTER_KV_EVENTS=\'{"r0": '
+                    '{"endpoint": "tcp://10.0.0.5:5557", "replay_endpoint": "tcp://10.0.0.5:5558"}}\' (the '
+                    "replica runs with --kv-events-config); replicas not listed keep usage-derived credit")
+    kv_events_credit: bool = Field(
+        default=False,
+        description="turn the KV-event index into sessions' kv_events cache credit; off by default: on the "
+                    "simulator grid exact residency as credit was worse than the decayed usage estimate in 8 of "
+                    "9 configurations (docs/benchmarks.md#cache-credit-accuracy), so the index serves metrics only")
+    kv_refresh_s: float = Field(default=0.5, gt=0.0, le=60.0,
+                                description="recompute sessions' kv_events credit this often (wall s)")
+    kv_replay_timeout_s: float = Field(default=2.0, gt=0.0, le=60.0,
+                                       description="wait for a replica's KV-event replay answer (wall s)")
 
     # --- auth
     api_keys_file: Path | None = Field(default=None, description="YAML/JSON keys file; unset = dev mode")
@@ -127,6 +184,13 @@ class Settings(ServiceSettings):
         if len(set(ids)) != len(ids):
             raise ValueError(f"duplicate replica ids in {value}")
         return value
+
+    @field_validator("advertise_url")
+    @classmethod
+    def _check_advertise_url(cls, value: str) -> str:
+        if value and not (value.startswith(("http://", "https://")) and len(value.split("//", 1)[1]) > 0):
+            raise ValueError("advertise_url must be an http:// or https:// URL (or empty: http://host:port)")
+        return value.rstrip("/")
 
     @field_validator("rate_limits")
     @classmethod

@@ -17,15 +17,16 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import structlog
 from redis.exceptions import RedisError
 
 from services.common import keys
+from services.common.aio import reraise_if_cancelling, stop_tasks, wait_event, within
 from services.common.epoch import RevisionCounter
 from services.common.records import (
-    CacheObservation,
     RecordError,
     ReplicaRecord,
     SessionRecord,
@@ -33,13 +34,15 @@ from services.common.records import (
     dump,
     load,
 )
-from services.router.core.model import CacheEvidence, Session, TokenStats
-from services.router.tasks import reraise_if_cancelling, stop_tasks
+from services.common.redis_client import publish_in
+from services.common.stats import percentile
+from services.router.core.model import Session, TokenStats
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
     from services.router.core.state import RouterCore
+    from services.router.fleet import RouterFleet
     from services.router.replicas import ReplicaRegistry
 
 POOL_PUBLISH_MAX = 32
@@ -47,13 +50,6 @@ POOL_FLUSH_S = 0.002
 #: session records serialised between two yields to the event loop (~40 us each): a flush of
 #: hundreds of dirty sessions must not stall the requests being relayed
 FLUSH_SLICE = 16
-
-
-def p99(values: deque[float]) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
 class StateStore:
@@ -82,6 +78,8 @@ class StateStore:
         self.flushes = 0
         self.failures = 0
         self._tasks: list[asyncio.Task[None]] = []
+        #: fleet mode: session writes are fenced by ownership, demand is per router (fleet.py)
+        self.fleet: RouterFleet | None = None
 
     # ------------------------------------------------------------------ conversions
 
@@ -89,23 +87,17 @@ class StateStore:
         u = self._to_unix
         stamp = self.revisions.next()
         return SessionRecord(
-            epoch=stamp.epoch, rev=stamp.rev, session_id=s.id, tenant=s.tenant, phase=self._core.phase(s),  # type: ignore[arg-type]
+            epoch=stamp.epoch, rev=stamp.rev, session_id=s.id, tenant=s.tenant, phase=self._core.phase(s),
             replica=s.replica, admitted=s.admitted, pause_pending=s.pause_pending,
             context_tokens=s.tokens.context_tokens, last_prompt_tokens=s.tokens.last_prompt_tokens,
             last_output_tokens=s.tokens.last_output_tokens, ewma_output_tokens=s.tokens.ewma_output_tokens,
             expected_append_tokens=s.tokens.expected_append_tokens, footprint_tokens=s.footprint_tokens,
             requests=s.tokens.requests, last_cached_tokens=s.last_cached_tokens, last_ttft_s=s.last_ttft_s,
-            cache=tuple(
-                CacheObservation(
-                    replica=e.replica, resident_tokens=e.resident_tokens, prompt_tokens=e.prompt_tokens,
-                    cached_tokens=e.cached_tokens, processed_tokens=e.processed_tokens,
-                    observed_at_unix_s=u(e.observed_at_s), kind=e.kind,
-                )
-                for e in s.cache
-            ),
+            cache=tuple(replace(e, observed_at_s=u(e.observed_at_s)) for e in s.cache),
             created_at_unix_s=u(s.created_s), updated_at_unix_s=u(s.updated_s),
             waiting_since_unix_s=None if s.waiting_since_s is None else u(s.waiting_since_s),
             acting_since_unix_s=None if s.acting_since_s is None else u(s.acting_since_s),
+            model=s.model,
         )
 
     def session_from_record(self, r: SessionRecord) -> Session:
@@ -115,13 +107,9 @@ class StateStore:
             placed_s=f(r.updated_at_unix_s), replica=r.replica, admitted=r.admitted and r.replica is not None,
             tokens=TokenStats(r.requests, r.last_prompt_tokens, r.last_output_tokens, r.ewma_output_tokens,
                               float(r.expected_append_tokens)),
-            cache=tuple(
-                CacheEvidence(c.replica, c.kind, c.resident_tokens, c.prompt_tokens, c.cached_tokens,
-                              c.processed_tokens, f(c.observed_at_unix_s))
-                for c in r.cache
-            ),
+            cache=tuple(replace(e, observed_at_s=f(e.observed_at_s)) for e in r.cache),
             acting_since_s=None if r.acting_since_unix_s is None else f(r.acting_since_unix_s),
-            last_cached_tokens=r.last_cached_tokens, last_ttft_s=r.last_ttft_s,
+            last_cached_tokens=r.last_cached_tokens, last_ttft_s=r.last_ttft_s, model=r.model,
         )
 
     def replica_record(self, rid: str, now_s: float) -> ReplicaRecord | None:
@@ -134,7 +122,8 @@ class StateStore:
             draining=rep.draining, kv_capacity_tokens=rep.kv_capacity_tokens,
             capacity_tokens=self._core.capacity(rid), used_tokens=max(0, self._core.used.get(rid, 0)),
             running=rep.running, waiting=rep.waiting, kv_cache_usage=rep.kv_cache_usage,
-            prefix_hit_rate=rep.prefix_hit_rate, updated_at_unix_s=self._to_unix(now_s),
+            prefix_hit_rate=rep.prefix_hit_rate, models=rep.models, block_size=rep.block_size,
+            updated_at_unix_s=self._to_unix(now_s),
         )
 
     def demand_record(self, tenant: str, now_s: float) -> TenantDemandRecord:
@@ -143,7 +132,7 @@ class StateStore:
             epoch=stamp.epoch, rev=stamp.rev, tenant=tenant,
             waiting=max(0, self._core.tenant_held.get(tenant, 0)),
             in_flight=max(0, self._core.tenant_in_flight.get(tenant, 0)),
-            p99_latency_s=p99(self.latency_s.get(tenant, deque())), updated_at_unix_s=self._to_unix(now_s),
+            p99_latency_s=percentile(self.latency_s.get(tenant, ()), 99, method="higher"), updated_at_unix_s=self._to_unix(now_s),
         )
 
     def record_latency(self, tenant: str, seconds: float) -> None:
@@ -183,12 +172,18 @@ class StateStore:
     async def stop(self) -> None:
         await stop_tasks(self._tasks)
         with contextlib.suppress(RedisError, OSError, asyncio.TimeoutError):
-            await asyncio.wait_for(self.flush(), 2.0)
+            await within(self.flush(), 2.0)
 
     def wake(self) -> None:
         self._wake.set()
         if self._core.pool_dirty:
             self._urgent.set()
+
+    def forget(self, session_id: str) -> None:
+        """Write ``session_id`` as ended (fleet: a claim that never became a session)."""
+        if session_id not in self._core.sessions:
+            self._ended.add(session_id)
+            self.wake()
 
     def mark_all(self) -> None:
         self._sessions |= set(self._core.sessions)
@@ -201,8 +196,7 @@ class StateStore:
         while True:
             await self._wake.wait()
             if not self._urgent.is_set():
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._urgent.wait(), self._flush_s)
+                await wait_event(self._urgent, self._flush_s)
             await asyncio.sleep(min(POOL_FLUSH_S, self._flush_s))  # gather a burst
             self._wake.clear()
             self._urgent.clear()
@@ -230,7 +224,8 @@ class StateStore:
             if now - last_resync >= self._resync_s:
                 last_resync = now
                 try:
-                    live = await self._redis.get(keys.epoch_key("router"))
+                    live = await (self._redis.get(keys.epoch_key("router")) if self.fleet is None
+                                  else self._redis.hget(keys.ROUTER_EPOCHS, self.fleet.rid))
                 except (RedisError, OSError):
                     reraise_if_cancelling()
                     continue
@@ -270,7 +265,13 @@ class StateStore:
         demand: dict[Any, Any] = {t: dump(self.demand_record(t, now)) for t in taken[2]}
         pool = sorted(taken[4])[:POOL_PUBLISH_MAX]
         pipe = self._redis.pipeline(transaction=False)
-        pipe.set(keys.epoch_key("router"), self.revisions.epoch)
+        fenced = False
+        if self.fleet is None:
+            pipe.set(keys.epoch_key("router"), self.revisions.epoch)
+        else:  # session writes fenced by ownership (its result is the pipeline's first), demand per router
+            fenced = self.fleet.queue_sessions(pipe, sessions, ended)
+            sessions, ended = {}, []
+            demand = {self.fleet.demand_field(t): v for t, v in demand.items()}
         if sessions:
             pipe.hset(keys.SESSIONS, mapping=sessions)
         if ended:
@@ -281,9 +282,11 @@ class StateStore:
             pipe.hdel(keys.REPLICAS, *gone_replicas)
         if demand:
             pipe.hset(keys.DEMAND, mapping=demand)
-        for sid in pool:
-            pipe.publish(keys.POOL_CHANNEL, sid)
-        await pipe.execute()
+        publish_in(pipe, keys.SESSIONS, keys.POOL_CHANNEL, pool)  # a script: Cluster pipelines refuse PUBLISH
+        results = await pipe.execute()
+        if fenced and self.fleet is not None:
+            self.fleet.refused(results[0])
+            self.fleet.ended_written()
         self.flushes += 1
         self._sessions -= taken[0]
         self._ended -= taken[1]

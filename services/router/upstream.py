@@ -8,10 +8,12 @@ synchronously to a sink (``proxy.StreamRelay`` writes it straight to the client)
 aiohttp still serves the gateway and does the replica probes.
 
 Scope: what talking to vLLM needs and no more. One request at a time per connection (no
-pipelining); keep-alive pools per origin (``scheme://host:port``); bodies framed by
-``Content-Length``, ``Transfer-Encoding: chunked`` (extensions and trailers skipped) or the
-connection's close; http and https (certificates verified); 1xx responses skipped (the
-router never asks to switch protocols).
+pipelining); keep-alive pools per origin (``scheme://host:port``); http and https
+(certificates verified). Responses are parsed by llhttp (Node.js's HTTP/1.1 parser, through
+``httptools.HttpResponseParser`` and its callbacks): bodies framed by ``Content-Length``,
+``Transfer-Encoding: chunked`` (extensions and trailers skipped) or the connection's close;
+1xx responses skipped (the router never asks to switch protocols). The pieces of body one
+read brings are joined and handed to the sink once per read.
 A pooled connection is reused only after its response was read completely and neither side
 asked to close; it is dropped when the server closes it or after ``keepalive_s`` idle.
 
@@ -32,11 +34,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast
 from urllib.parse import urlsplit
 
+from httptools import HttpParserCallbackError, HttpParserError, HttpResponseParser
+
 if TYPE_CHECKING:
     from services.router.upstream_pool import UpstreamPool
 
 MAX_HEAD_BYTES = 64 * 1024
-MAX_CHUNK_LINE_BYTES = 4 * 1024
 IDLE, HEAD, BODY, DONE, CLOSED = range(5)
 CHUNKED, LENGTH, UNTIL_CLOSE = range(3)
 
@@ -87,26 +90,6 @@ def request_head(origin: Origin, path: str, headers: Mapping[str, str], body_byt
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-def _parse_head(raw: bytes) -> tuple[int, int, dict[str, str]]:
-    """(minor HTTP version, status, lower-cased headers; repeated ones joined with ", ")."""
-    lines = raw.split(b"\r\n")
-    parts = lines[0].split(b" ", 2)
-    if len(parts) < 2 or parts[0] not in (b"HTTP/1.1", b"HTTP/1.0") or not parts[1].isdigit():
-        raise UpstreamError(f"malformed status line {lines[0][:80]!r}")
-    status = int(parts[1])
-    if not 100 <= status <= 599:
-        raise UpstreamError(f"bad status {status}")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not name or name != name.strip():
-            raise UpstreamError(f"malformed header line {line[:80]!r}")
-        key = name.decode("latin-1").lower()
-        text = value.strip().decode("latin-1")
-        headers[key] = f"{headers[key]}, {text}" if key in headers else text
-    return (1 if parts[0] == b"HTTP/1.1" else 0), status, headers
-
-
 class UpstreamConnection(asyncio.Protocol):
     """One connection and the response being read on it (``status``, ``headers``).
 
@@ -122,11 +105,12 @@ class UpstreamConnection(asyncio.Protocol):
         self.status = 0
         self.headers: dict[str, str] = {}
         self._reusable = False
-        self._buf = b""
+        self._parser = HttpResponseParser(self)
+        self._head_bytes = 0  # bytes read while the head was awaited
         self._framing = UNTIL_CLOSE
-        self._left = 0  # LENGTH: body bytes to come; CHUNKED: bytes left of the current chunk's data
-        self._crlf = 0  # CHUNKED: bytes of the CRLF after a chunk's data still to skip
-        self._trailers = False
+        self._interim = False  # the head parsed last was a 1xx
+        self._message_done = False  # the parser saw the end of the response
+        self._out: list[bytes] = []  # body pieces of the current read
         self._head: asyncio.Future[None] | None = None
         self._pieces: list[bytes] = []
         self._sink: BodySink | None = None
@@ -150,9 +134,12 @@ class UpstreamConnection(asyncio.Protocol):
         self.reads += 1
         state = self.state
         if state == BODY:
-            self._body(data)
+            self._feed(data)
         elif state == HEAD:
-            self._on_head(data)
+            self._head_bytes += len(data)
+            self._feed(data)
+            if self.state == HEAD and self._head_bytes > MAX_HEAD_BYTES:
+                self._fail_head(UpstreamError("response head too large"))
         else:  # nothing was asked: the connection is out of step, never reuse it
             self._reusable = False
             self._abort()
@@ -178,65 +165,105 @@ class UpstreamConnection(asyncio.Protocol):
         if self.transport is None or self.transport.is_closing() or self.state != IDLE:
             raise UpstreamError(f"connection to {self.origin.authority} closed before the request")
         self.state = HEAD
-        self.status, self.headers, self._buf, self._pieces = 0, {}, b"", []
-        self._sink, self._end, self._ended, self._trailers, self._finished = None, None, None, False, False
+        self.status, self.headers, self._pieces = 0, {}, []
+        self._sink, self._end, self._ended, self._finished = None, None, None, False
+        self._parser, self._head_bytes, self._interim, self._message_done = HttpResponseParser(self), 0, False, False
         self._discard = False
         self.seen_reads, self.paused = -1, False
         self._head = asyncio.get_running_loop().create_future()
         self.transport.write(data)
         return self._head
 
-    def _on_head(self, data: bytes) -> None:
-        buf = self._buf + data if self._buf else data
-        while True:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > MAX_HEAD_BYTES:
-                    self._fail_head(UpstreamError("response head too large"))
-                    return
-                self._buf = buf
-                return
-            try:
-                minor, status, headers = _parse_head(buf[:end])
-            except UpstreamError as exc:
-                self._fail_head(exc)
-                return
-            buf = buf[end + 4:]
-            if status >= 200:
-                break
-            # interim (100 Continue, 103 Early Hints): the response follows
-        self._buf = b""
-        self.status, self.headers = status, headers
-        conn = headers.get("connection", "").lower()
-        self._reusable = minor == 1 and "close" not in conn
+    # ------------------------------------------------------------------ parsing
+
+    def _feed(self, data: bytes) -> None:
+        """Run llhttp over one read; its callbacks below collect the head and the body pieces."""
+        try:
+            self._parser.feed_data(data)
+        except HttpParserCallbackError as exc:  # a callback refused the head
+            cause = exc.__context__
+            self._parse_failed(cause if isinstance(cause, UpstreamError) else UpstreamError(str(exc)))
+            return
+        except HttpParserError as exc:
+            self._parse_failed(UpstreamError(f"malformed response: {exc}"))
+            return
+        out = self._out
+        if out:
+            self._deliver(out[0] if len(out) == 1 else b"".join(out))
+            out.clear()
+        if self._message_done and self.state == BODY:
+            self._complete(None)
+
+    def _parse_failed(self, exc: UpstreamError) -> None:
+        if self.state == HEAD:
+            self._out.clear()
+            self._fail_head(exc)
+        elif self._message_done:  # bytes beyond the response: it stands, the connection does not
+            self._reusable = False
+            self._feed_done()
+        else:
+            out, self._out = self._out, []
+            if out:
+                self._deliver(b"".join(out))
+            self._complete(exc)
+            self._abort()
+
+    def _feed_done(self) -> None:
+        out = self._out
+        if out:
+            self._deliver(b"".join(out))
+            out.clear()
+        if self.state == BODY:
+            self._complete(None)
+
+    def on_message_begin(self) -> None:
+        if self._message_done:  # a second response: the connection is out of step
+            self._reusable = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.state != HEAD or self._message_done:
+            return  # trailers (or a response nobody asked for): skipped
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        headers = self.headers
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+
+    def on_headers_complete(self) -> None:
+        if self._message_done:
+            return
+        parser = self._parser
+        status = parser.get_status_code()
+        if not 100 <= status <= 599:
+            raise UpstreamError(f"bad status {status}")
+        if status < 200:  # interim (100 Continue, 103 Early Hints): the response follows
+            self._interim = True
+            self.headers = {}
+            return
+        headers = self.headers
+        self.status = status
+        self._reusable = parser.should_keep_alive()
         te = headers.get("transfer-encoding")
-        if status in (204, 304):
-            self._framing, self._left = LENGTH, 0
-        elif te is not None:
-            chunked = te.lower().rsplit(",", 1)[-1].strip() == "chunked"
-            self._framing = CHUNKED if chunked else UNTIL_CLOSE
-            self._left = self._crlf = 0
-        elif "content-length" in headers:
-            length = headers["content-length"]
-            if not length.isdigit():
-                self._fail_head(UpstreamError(f"bad Content-Length {length!r}"))
-                return
-            self._left = int(length)
+        if status in (204, 304) or "content-length" in headers:
             self._framing = LENGTH
+        elif te is not None and te.lower().rsplit(",", 1)[-1].strip() == "chunked":
+            self._framing = CHUNKED
         else:
             self._framing = UNTIL_CLOSE
-        if self._framing == UNTIL_CLOSE:
             self._reusable = False
         self.state = BODY
         head, self._head = self._head, None
         if head is not None and not head.done():
             head.set_result(None)
-        if self._framing == LENGTH and self._left == 0:
-            self._complete(None)
-            if buf:
-                self._reusable = False
-        elif buf:
-            self._body(buf)
+
+    def on_body(self, body: bytes) -> None:
+        if not self._message_done:
+            self._out.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+        elif self.state == BODY:
+            self._message_done = True
 
     def _fail_head(self, exc: UpstreamError) -> None:
         self._reusable = False
@@ -246,93 +273,6 @@ class UpstreamConnection(asyncio.Protocol):
         self._abort()
 
     # ------------------------------------------------------------------ bodies
-
-    def _body(self, data: bytes) -> None:
-        if self._framing == CHUNKED:
-            self._chunked(data)
-        elif self._framing == LENGTH:
-            left = self._left
-            if len(data) >= left:
-                if len(data) > left:
-                    self._reusable = False
-                    data = data[:left]
-                self._left = 0
-                if data:
-                    self._deliver(data)
-                self._complete(None)
-            else:
-                self._left = left - len(data)
-                self._deliver(data)
-        else:
-            self._deliver(data)
-
-    def _chunked(self, data: bytes) -> None:
-        if self._buf:
-            data, self._buf = self._buf + data, b""
-        elif not self._left and not self._crlf and not self._trailers:
-            # the common read: exactly one whole chunk ("<hex>\r\n<data>\r\n")
-            eol = data.find(b"\r\n", 0, 18)
-            if eol > 0 and data.endswith(b"\r\n"):
-                try:
-                    size = int(data[:eol], 16)
-                except ValueError:
-                    size = -1
-                if size > 0 and eol + size + 4 == len(data):
-                    self._deliver(data[eol + 2:-2])
-                    return
-        pos, n = 0, len(data)
-        out: list[bytes] = []
-        while pos < n:
-            if self._left:
-                end = min(n, pos + self._left)
-                out.append(data[pos:end])
-                self._left -= end - pos
-                pos = end
-                if not self._left:
-                    self._crlf = 2
-                continue
-            if self._crlf:
-                skip = min(self._crlf, n - pos)
-                pos += skip
-                self._crlf -= skip
-                continue
-            eol = data.find(b"\r\n", pos)
-            if eol < 0:
-                if n - pos > MAX_CHUNK_LINE_BYTES:
-                    self._body_error(UpstreamError("chunk size line too long"), out)
-                    return
-                self._buf = data[pos:]
-                break
-            line, pos = data[pos:eol], eol + 2
-            if self._trailers:
-                if not line:  # the blank line after the trailers: the body is complete
-                    if pos < n:
-                        self._reusable = False
-                    self._flush(out)
-                    self._complete(None)
-                    return
-                continue
-            try:
-                size = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                size = -1
-            if size < 0:
-                self._body_error(UpstreamError(f"bad chunk size {line[:40]!r}"), out)
-                return
-            if size:
-                self._left = size
-            else:
-                self._trailers = True
-        self._flush(out)
-
-    def _flush(self, out: list[bytes]) -> None:
-        if out:
-            self._deliver(out[0] if len(out) == 1 else b"".join(out))
-
-    def _body_error(self, exc: UpstreamError, out: list[bytes]) -> None:
-        self._flush(out)
-        self._complete(exc)
-        self._abort()
 
     def _deliver(self, data: bytes) -> None:
         sink = self._sink

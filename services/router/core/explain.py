@@ -11,7 +11,7 @@ cap and headroom, a pause); and what would admit it. ``to_json`` is the HTTP ans
 
 Constraints (``SessionExplanation.constraint``), first match wins:
 ``running`` / ``admitted`` (nothing holds it), ``per_request`` (per-request policy, no replica),
-``no_replica`` (no replica takes sessions), ``replica_down`` (admitted on a failed replica),
+``no_replica`` (no replica takes sessions, or none serving its model), ``replica_down`` (admitted on a failed replica),
 ``tenant_cap`` (its tenant is at its budget cap or limit), ``pause_pending`` (the plan marked
 it to pause), ``no_live_plan`` (planner silent and no local fallback), ``capacity`` (its
 footprint fits on no replica's free tokens), ``tenant_headroom`` (the planner sees no
@@ -25,8 +25,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from services.router.core.cache import credit_tokens
-from services.router.core.model import CacheEvidence, Replica
+from services.common.core.evidence import CacheEvidence
+from services.router.core.model import Replica
 from services.router.core.readiness import FRESH_S, HORIZON_S, PredictionView, is_current, is_ready
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ class ReplicaCredit:
     age_s: float | None
     #: admissible tokens not yet used on the replica, and whether the footprint fits there
     free_tokens: int
+    #: healthy, not draining, capacity known, and serving the session's model
     takes_sessions: bool
     fits: bool
 
@@ -224,10 +225,11 @@ def _credits(core: RouterCore, session_id: str, now_s: float) -> tuple[ReplicaCr
     out = []
     for rid in sorted(core.replicas):
         rep = core.replicas[rid]
-        ev = next((e for e in s.cache if e.replica == rid), None)
+        # the planner's pick: kv_events first (values.raw_credit_matrix)
+        ev = min((e for e in s.cache if e.replica == rid), key=lambda e: e.kind != "kv_events", default=None)
         k0, k = (0, 0) if ev is None else _decayed(ev, rep, now_s)
         age = None if ev is None else max(0.0, now_s - ev.observed_at_s)
-        takes = core.eligible(rep)
+        takes = core.eligible(rep) and rep.serves(s.model)
         free = max(0, core.capacity(rid) - core.used.get(rid, 0)) if takes else 0
         mine = s.footprint_tokens if s.admitted and s.replica == rid else 0
         fits = takes and (mine > 0 or s.footprint_tokens <= free)
@@ -237,17 +239,20 @@ def _credits(core: RouterCore, session_id: str, now_s: float) -> tuple[ReplicaCr
 
 def _decayed(e: CacheEvidence, rep: Replica, now_s: float) -> tuple[int, int]:
     """(k0, k now) of one piece of evidence, as the planner values it (values.credit_matrix)."""
-    k0 = credit_tokens(e)
+    k0 = e.credit_tokens
     if e.kind == "volume":
         k0 = math.floor(k0 * min(1.0, max(0.0, rep.prefix_hit_rate)))
+    if e.kind == "kv_events":  # the replica's residency now: not decayed
+        return k0, k0
     return k0, math.floor(k0 * 2.0 ** (-max(0.0, now_s - e.observed_at_s) / HALF_LIFE_S))
 
 
 def _best_credit(core: RouterCore, session_id: str, now_s: float) -> int:
     best = 0
-    for e in core.sessions[session_id].cache:
+    s = core.sessions[session_id]
+    for e in s.cache:
         rep = core.replicas.get(e.replica)
-        if rep is not None and core.eligible(rep):
+        if rep is not None and core.eligible(rep) and rep.serves(s.model):
             best = max(best, _decayed(e, rep, now_s)[1])
     return best
 
@@ -310,6 +315,9 @@ def _constraint(core: RouterCore, sid: str, phase: str, credits: tuple[ReplicaCr
         return "admitted", f"admitted on {s.replica} (last plan applied: {by_plan}); between requests (a tool " \
                            "runs), its next request goes straight through", ()
     if not any(c.takes_sessions for c in credits):
+        if s.model and any(core.eligible(r) for r in core.replicas.values()):
+            return "no_replica", f"no replica that takes sessions serves model {s.model}", (
+                f"a healthy replica serving {s.model} (check the replicas' /v1/models)",)
         return "no_replica", "no replica takes sessions (none healthy with a known KV capacity)", (
             "a replica becoming healthy (check `GET /health` and the replicas' /health)",)
     if s.admitted and s.replica is not None:
@@ -369,4 +377,4 @@ def session_row(core: RouterCore, session_id: str, now_s: float) -> dict[str, An
     return {"session": s.id, "tenant": s.tenant, "phase": core.phase(s), "replica": s.replica,
             "admitted": s.admitted, "footprint_tokens": s.footprint_tokens, "requests": s.tokens.requests,
             "in_flight": s.in_flight, "held": s.held, "waiting_s": waiting,
-            "age_s": round(max(0.0, now_s - s.created_s), 3)}
+            "age_s": round(max(0.0, now_s - s.created_s), 3), "model": s.model}

@@ -10,7 +10,8 @@ kinds of holding are told apart, because they deserve different patience:
   held until the plan admits it, up to a generous bound (``plan_hold_timeout_s``) that scales
   with the model-time tool durations other sessions spend between requests.
 - ``STUCK``: nothing can serve it now — no replica takes sessions, the session's replica is
-  down, plans are not live (planner silent and the local fallback failing), the tenant is at
+  down, no replica that takes sessions serves the request's model, plans are not live
+  (planner silent and the local fallback failing), the tenant is at
   its budget cap (overload), or a per-request policy found no replica. Such a request gets
   503 + ``Retry-After`` after the short ``hold_timeout_s``.
 """
@@ -40,6 +41,8 @@ def hold_kind(core: RouterCore, request_id: str, plans_live: bool) -> tuple[str,
         return STUCK, "per-request policy: " + (core.last_reject.get(s.id) or "no replica can take it")
     if not any(core.eligible(r) for r in core.replicas.values()):
         return STUCK, "no replica can take sessions"
+    if not any(core.eligible(r) and r.serves(held.model) for r in core.replicas.values()):
+        return STUCK, f"no replica that can take sessions serves model {held.model}"
     if not core._slot_free(s.tenant):
         return STUCK, f"tenant {s.tenant} at its budget cap {(core.caps or {}).get(s.tenant)}"
     if s.admitted:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.common.vocabulary import EvidenceKind, Phase
+from services.common.core.evidence import CacheEvidence
+from services.common.vocabulary import DEFAULT_BLOCK_SIZE, Phase, serves_model
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,13 @@ class CoreConfig:
     #: keep a plan's pause only while its replica is still over capacity once the sessions
     #: already leaving (paused earlier in the plan, or RUNNING and marked) are subtracted
     pause_revalidation: bool = True
+    #: gating only: a request of a pool session is admitted at once, without waiting for the
+    #: planner, when nothing else contends for the decision — no other pool session holds a
+    #: request, its tenant has headroom, and a replica serving it has room for its footprint
+    #: (the one with the most cache credit for it, then the fewest requests in flight). This is
+    #: what the ``tao`` policy's DP decides in that case (ready first, then credit); the
+    #: planner's next plan sees it as admitted. Set from the policy's ``fast_admit``.
+    fast_admit: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.target_utilisation <= 1.0:
@@ -65,31 +73,6 @@ class TokenStats:
     @property
     def expected_append_tokens(self) -> int:
         return round(self.ewma_append_tokens)
-
-
-@dataclass(frozen=True, slots=True)
-class CacheEvidence:
-    """The latest observation of a session's cache on one replica
-    (docs/algorithms.md#cache-credit).
-
-    ``resident_tokens`` is k0 for ``cached_tokens`` evidence (the whole context the last
-    request on the replica computed or hit, i.e. its prompt + output). For ``volume``
-    evidence (the replica never reports cached tokens) ``volume_tokens`` is what the planner
-    multiplies by the replica's observed prefix hit rate.
-    """
-
-    replica: str
-    kind: EvidenceKind
-    resident_tokens: int
-    prompt_tokens: int
-    cached_tokens: int
-    processed_tokens: int
-    observed_at_s: float
-
-    @property
-    def volume_tokens(self) -> int:
-        """Processed volume bounded by what can be resident (the last context on the replica)."""
-        return min(self.processed_tokens, self.resident_tokens)
 
 
 @dataclass(slots=True)
@@ -131,6 +114,8 @@ class Session:
     footprint_tokens: int = 0
     #: a replica failed under this session: its next requests avoid it until re-placed
     avoid: frozenset[str] = frozenset()
+    #: the model its latest request named (only replicas serving it are eligible; "" = any)
+    model: str = ""
 
     @property
     def idle(self) -> bool:
@@ -163,10 +148,16 @@ class Replica:
     prefix_hit_rate: float = 0.0
     #: the replica has returned ``prompt_tokens_details`` at least once
     reports_cached_tokens: bool = False
+    #: the names its ``/v1/models`` lists (empty until known: then it serves no named model)
     models: tuple[str, ...] = ()
+    #: KV block size in tokens (``vllm:cache_config_info``; ``DEFAULT_BLOCK_SIZE`` until known)
+    block_size: int = DEFAULT_BLOCK_SIZE
 
     def capacity_tokens(self, target_utilisation: float) -> int:
         return int(self.kv_capacity_tokens * target_utilisation)
+
+    def serves(self, model: str) -> bool:
+        return serves_model(self.models, model)
 
     @property
     def usable(self) -> bool:
@@ -184,6 +175,8 @@ class NewRequest:
     single_turn: bool
     prompt_tokens_estimate: int
     max_tokens: int | None = None
+    #: the request's ``model`` ("" = unnamed: any replica)
+    model: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +189,7 @@ class HeldRequest:
     max_tokens: int | None
     attempts: int = 0
     exclude: frozenset[str] = frozenset()
+    model: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,8 @@ applied only if it still holds against live state:
   when their request ends — nothing in flight is ever cut;
 - then assignments, in plan order: the session still exists, is unplaced, not RUNNING, and
   its placement has not changed since the snapshot; the replica is known, healthy, not
-  draining, has a known capacity and room for the session's footprint now, and has not just
-  failed under this session.
+  draining, serves the session's model, has a known capacity and room for the session's
+  footprint now, and has not just failed under this session.
 Plan-level fencing (epoch + revision, ``services.common.epoch.StampFence``) happens before,
 in the adapter, for planner plans; the local fallback's plans are not stamped.
 """
@@ -113,6 +113,8 @@ def _check_assignment(core: RouterCore, sid: str, rid: str, snapshot_at_s: float
         return f"replica {rid} capacity unknown"
     if rid in s.avoid:
         return f"replica {rid} failed under this session"
+    if not rep.serves(s.model):
+        return f"replica {rid} does not serve model {s.model}"
     free = core.capacity(rid) - core.used.get(rid, 0)
     if s.footprint_tokens > free:
         return f"no room on {rid}: footprint {s.footprint_tokens} > free {free} tokens"

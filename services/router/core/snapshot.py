@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from services.planner.core.model import CreditEvidence, ReplicaState, SessionState, Snapshot
-from services.router.core.cache import credit_tokens
+from services.planner.core.model import Snapshot, replica_view, session_view
 
 if TYPE_CHECKING:
     from services.router.core.state import RouterCore
@@ -30,15 +29,17 @@ def build_snapshot(
     holds the predicted tool-return time per acting session (same clock as ``now_s``)."""
     returns = returns or {}
     replicas = tuple(
-        ReplicaState(
-            id=r.id,
-            capacity_tokens=r.capacity_tokens(core.config.target_utilisation),
-            used_tokens=max(0, core.used.get(r.id, 0)),
-            healthy=core.eligible(r),
+        replica_view(
+            r.id,
+            r.capacity_tokens(core.config.target_utilisation),
+            core.used.get(r.id, 0),
+            eligible=core.eligible(r),
             # the router's own in-flight count is live; the scraped one lags a scrape period
             running=max(r.running, core.replica_in_flight.get(r.id, 0)),
             waiting=r.waiting,
-            prefix_hit_rate=min(1.0, max(0.0, r.prefix_hit_rate)),
+            prefix_hit_rate=r.prefix_hit_rate,
+            models=r.models,
+            block_size=r.block_size,
         )
         for r in sorted(core.replicas.values(), key=lambda r: r.id)
     )
@@ -49,25 +50,22 @@ def build_snapshot(
         s = core.sessions.get(sid)
         if s is None:
             continue
-        admitted = s.admitted and s.replica in known
         sessions.append(
-            SessionState(
-                id=s.id,
-                tenant=s.tenant,
+            session_view(
+                s.id,
+                s.tenant,
+                known_replicas=known,
                 footprint_tokens=s.footprint_tokens,
                 ready=s.held > 0 or bool(readiness.get(s.id, False)),
-                credits=tuple(
-                    CreditEvidence(e.replica, credit_tokens(e), e.observed_at_s, e.kind)
-                    for e in s.cache
-                    if e.replica in known
-                ),
+                evidence=s.cache,
                 phase=core.phase(s),
-                replica=s.replica if admitted else None,
-                admitted=admitted,
+                replica=s.replica,
+                admitted=s.admitted,
                 context_tokens=s.tokens.context_tokens,
                 acting_since_s=s.acting_since_s,
                 waiting_since_s=s.waiting_since_s,
                 tool_return_s=returns.get(s.id) if s.held == 0 else None,
+                model=s.model,
             )
         )
     return Snapshot(now_s=now_s, replicas=replicas, sessions=tuple(sessions), tenant_headroom=core.tenant_headroom())

@@ -7,7 +7,8 @@ requests); ``take_dirty`` hands the write-behind store what changed.
 Invariants (checked by the unit tests after every event):
 - ``used[n]`` = Σ footprint of sessions admitted on n;
 - a request is either held or in flight, never both; tenant and session counters match;
-- a request is granted only when its session is admitted on a healthy replica (gating
+- a request is granted only when its session is admitted on a healthy replica that serves
+  the request's model (gating
   policies: by a plan; per-request policies: routed at once) and its tenant has a free slot
   (budget `may_admit`: below its limit and within its cap or a vacated donor slot; no caps
   known -> unlimited; a tenant absent from the caps -> unlimited);
@@ -16,14 +17,15 @@ Invariants (checked by the unit tests after every event):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
 from services.budget.core.model import may_admit
+from services.common.vocabulary import Phase
 from services.planner.core.model import Snapshot
 from services.planner.core.policy import Policy
 from services.router.core import plans
-from services.router.core.cache import drop_replica, observe_usage
+from services.router.core.cache import decayed_credit, drop_replica, observe_kv, observe_usage
 from services.router.core.footprint import footprint_tokens, observe_request
 from services.router.core.model import (
     ApplyReport,
@@ -55,8 +57,15 @@ class SessionBusy(RuntimeError):
 
 
 class RouterCore:
-    def __init__(self, config: CoreConfig, policy: Policy | None = None) -> None:
-        """``policy`` routes requests when ``config.gating`` is False (a per-request policy)."""
+    def __init__(self, config: CoreConfig, policy: Policy | None = None,
+                 hold_limit: Callable[[int], float] | None = None, over_capacity: float = 1.0) -> None:
+        """``policy`` routes requests when ``config.gating`` is False (a per-request policy).
+        ``hold_limit`` (gating only; a policy's ``hold_limit``, e.g. ``tao-overcommit``): seconds a
+        held request of a pool session with a prompt of that many tokens may wait before
+        ``dispatch`` admits its session over capacity (``_admit_over_capacity``), on a replica
+        whose admitted footprints stay within ``over_capacity`` × its capacity."""
+        if over_capacity < 1.0:
+            raise ValueError(f"over_capacity must be >= 1, got {over_capacity}")
         if not config.gating and policy is None:
             raise ValueError("a per-request (non-gating) router needs its policy")
         self.config = config
@@ -74,6 +83,12 @@ class RouterCore:
         self.caps: dict[str, int] | None = None
         self.limits: dict[str, int] | None = None
         self.last_reject: dict[str, str] = {}
+        #: pool sessions admitted by ``CoreConfig.fast_admit`` (not by a plan)
+        self.fast_admits = 0
+        self.hold_limit = hold_limit
+        self.over_capacity = over_capacity
+        #: pool sessions admitted over capacity because their hold outlasted ``hold_limit``
+        self.over_capacity_admits = 0
         self._d_sessions: set[str] = set()
         self._d_ended: set[str] = set()
         self._d_tenants: set[str] = set()
@@ -81,6 +96,8 @@ class RouterCore:
         self._d_pool: set[str] = set()
         #: admissible tokens of the roomiest usable replica (kept by ``_replicas_changed``)
         self._largest_capacity = 0
+        #: the same per served model name (a session is clamped to what its model's replicas hold)
+        self._largest_by_model: dict[str, int] = {}
 
     # ------------------------------------------------------------------ bookkeeping helpers
 
@@ -91,8 +108,9 @@ class RouterCore:
         # max_model_len on a replica whose KV barely holds it) would never be admitted: it
         # counts as one whole replica, the most it can occupy (the engine preempts or
         # queues the rest, as vLLM does for any request that fits its max_model_len).
-        if 0 < self._largest_capacity < s.footprint_tokens:
-            s.footprint_tokens = self._largest_capacity
+        largest = self._largest_by_model.get(s.model, self._largest_capacity) if s.model else self._largest_capacity
+        if 0 < largest < s.footprint_tokens:
+            s.footprint_tokens = largest
         known = s.id in self._contrib
         old = self._contrib.get(s.id)
         new = (s.replica, s.footprint_tokens) if s.admitted and s.replica is not None else None
@@ -149,7 +167,7 @@ class RouterCore:
         """May receive new sessions: gating needs a known capacity, per-request routing does not."""
         return rep.usable if self.config.gating else rep.healthy and not rep.draining
 
-    def phase(self, s: Session) -> str:
+    def phase(self, s: Session) -> Phase:
         return phase_of(s, self.config.gating)
 
     @property
@@ -175,8 +193,18 @@ class RouterCore:
         elif s.tenant != req.tenant:
             raise SessionConflict(f"session {req.session_id!r} belongs to another tenant")
         held = HeldRequest(req.request_id, req.session_id, req.tenant, now_s, req.prompt_tokens_estimate,
-                           req.max_tokens)
+                           req.max_tokens, model=req.model)
         self._hold(held)
+        moved = False
+        if req.model and req.model != s.model:
+            s.model = req.model
+            rep = self.replicas.get(s.replica) if s.admitted and s.replica is not None else None
+            if rep is not None and not rep.serves(req.model):  # a new model its replica does not serve
+                if s.in_flight == 0:
+                    self._unadmit_in_place(s, now_s)
+                    moved = True
+                else:
+                    s.pause_pending = True
         if s.held == 0:
             s.pending_prompt_tokens = req.prompt_tokens_estimate
             s.pending_max_tokens = req.max_tokens
@@ -188,10 +216,78 @@ class RouterCore:
                     s.pending_max_tokens, req.max_tokens)
         s.held += 1
         s.updated_s = now_s
-        self._put(s, pool_changed=not s.admitted)
+        self._put(s, pool_changed=moved or not s.admitted)
         if not self.config.gating:
             self._route([s.id], now_s)
+        elif self.config.fast_admit and not s.admitted:
+            self._fast_admit(s, now_s)
         return self._try_grant(held, now_s)
+
+    def _fast_admit(self, s: Session, now_s: float) -> None:
+        """``CoreConfig.fast_admit``: admit ``s`` now when no other pool session contends."""
+        for req in self.held.values():
+            other = self.sessions.get(req.session_id)
+            if req.session_id != s.id and other is not None and not other.admitted:
+                return  # an ordering decision: the planner's
+        headroom = self.tenant_headroom()
+        if headroom is not None and s.tenant in headroom and headroom[s.tenant] <= 0:
+            return
+        best: tuple[float, int, int, str] | None = None
+        for rep in self.replicas.values():
+            if not self.eligible(rep) or rep.id in s.avoid or not rep.serves(s.model):
+                continue
+            room = self.capacity(rep.id) - self.used.get(rep.id, 0)
+            if s.footprint_tokens > room:
+                continue
+            credit = max((decayed_credit(e, now_s) for e in s.cache if e.replica == rep.id), default=0)
+            key = (-credit, self.replica_in_flight.get(rep.id, 0), -room, rep.id)
+            if best is None or key < best:
+                best = key
+        if best is not None:
+            self._put(replace(s, admitted=True, replica=best[3], placed_s=now_s, pause_pending=False))
+            self.last_reject.pop(s.id, None)
+            self.fast_admits += 1
+
+    def _admit_over_capacity(self, now_s: float) -> None:
+        """``hold_limit``: a pool session whose held request has waited its limit is admitted on
+        the replica with the most cache credit for it (then the fewest requests in flight) among
+        those where it fits within ``over_capacity`` × capacity. Its KV then competes in vLLM's own scheduler, which preempts by recompute; the
+        planner sees the excess and pauses by value (the late one ranks lowest), so the session
+        goes back to the pool when this request ends. Oldest held request first."""
+        assert self.hold_limit is not None
+        idle: dict[str, int] | None = None  # per replica: footprints of admitted sessions between requests
+        for req in list(self.held.values()):
+            s = self.sessions.get(req.session_id)
+            if s is None or s.admitted or now_s - req.arrived_s < self.hold_limit(req.prompt_tokens_estimate):
+                continue
+            if idle is None:
+                idle = {}
+                for o in self.sessions.values():
+                    # between requests for at least its own hold limit (the time to recompute
+                    # its context): a tool that long is likely to run on (ski rental again)
+                    if (o.admitted and o.replica is not None and o.in_flight == 0 and o.held == 0
+                            and o.acting_since_s is not None
+                            and now_s - o.acting_since_s >= self.hold_limit(o.footprint_tokens)):
+                        idle[o.replica] = idle.get(o.replica, 0) + o.footprint_tokens
+            best: tuple[float, int, str] | None = None
+            for rep in self.replicas.values():
+                if not self.eligible(rep) or rep.id in s.avoid or not rep.serves(s.model):
+                    continue
+                used, cap = self.used.get(rep.id, 0), self.capacity(rep.id)
+                # only into KV whose sessions are between requests (their blocks sit idle in
+                # vLLM's cache), and within the bound
+                if used - idle.get(rep.id, 0) + s.footprint_tokens > cap or used + s.footprint_tokens > self.over_capacity * cap:
+                    continue
+                credit = max((decayed_credit(e, now_s) for e in s.cache if e.replica == rep.id), default=0)
+                key = (-credit, self.replica_in_flight.get(rep.id, 0), rep.id)
+                if best is None or key < best:
+                    best = key
+            if best is None:
+                continue
+            self._put(replace(s, admitted=True, replica=best[2], placed_s=now_s, pause_pending=False))
+            self.last_reject[s.id] = "admitted over capacity: held past its hold limit"
+            self.over_capacity_admits += 1
+            idle = None  # recount with this session admitted
 
     def _hold(self, req: HeldRequest, front: bool = False) -> None:
         mine = self._held_by_tenant.setdefault(req.tenant, {})
@@ -220,7 +316,7 @@ class RouterCore:
         if s is None or not s.admitted or s.replica is None or s.pause_pending:
             return None
         rep = self.replicas.get(s.replica)
-        if rep is None or not rep.healthy or s.replica in req.exclude:
+        if rep is None or not rep.healthy or s.replica in req.exclude or not rep.serves(req.model):
             return None
         if not self._slot_free(req.tenant):
             return None
@@ -250,6 +346,8 @@ class RouterCore:
             return []
         if not self.config.gating:
             self._route(sorted({h.session_id for h in self.held.values()}), now_s)
+        elif self.hold_limit is not None:
+            self._admit_over_capacity(now_s)
         queue = self.held if tenant is None or not self.config.gating else self._held_by_tenant.get(tenant, {})
         grants = []
         for req in list(queue.values()):
@@ -298,6 +396,23 @@ class RouterCore:
                 self._unadmit_in_place(s, now_s)
             pool_changed = not s.admitted
         self._put(s, pool_changed=pool_changed)
+
+    def observe_kv_residency(self, now_s: float, session_id: str, replica_id: str, tokens: int | None) -> bool:
+        """The prompt-prefix tokens of ``session_id`` that ``replica_id``'s KV events say it holds
+        now (None: unknown, the usage-derived evidence stands alone). True when that changed the
+        session's evidence (the session is then written; a pool session's change wakes the planner)."""
+        s = self.sessions.get(session_id)
+        rep = self.replicas.get(replica_id)
+        if s is None or (tokens is not None and rep is None):
+            return False
+        if rep is not None and not rep.healthy:
+            tokens = None  # a replica that is down holds nothing the session can use
+        cache = observe_kv(s.cache, replica_id, tokens, now_s)
+        if cache is None:
+            return False
+        s.cache = cache
+        self._put(s, pool_changed=not s.admitted)
+        return True
 
     def fail_before_first_byte(self, now_s: float, request_id: str, replica_down: bool) -> bool:
         """The request's replica failed before answering. Returns True when the request is
@@ -405,6 +520,8 @@ class RouterCore:
             self.replica_down(rep.id, now_s)
         if rep.draining and (old is None or not old.draining):
             self._drain_sessions(rep.id, now_s)
+        elif old is not None and old.models != rep.models:  # it no longer serves some sessions' model
+            self._drain_sessions(rep.id, now_s, keep=rep.serves)
 
     def _replicas_changed(self) -> None:
         """Refresh what is derived from the replica table (call after any change to a
@@ -412,6 +529,13 @@ class RouterCore:
         self._largest_capacity = max(
             (r.capacity_tokens(self.config.target_utilisation) for r in self.replicas.values() if r.usable),
             default=0)
+        by_model: dict[str, int] = {}
+        for r in self.replicas.values():
+            if r.usable:
+                cap = r.capacity_tokens(self.config.target_utilisation)
+                for m in r.models:
+                    by_model[m] = max(by_model.get(m, 0), cap)
+        self._largest_by_model = by_model
 
     def _has_admitted(self, replica_id: str) -> bool:
         return any(c is not None and c[0] == replica_id for c in self._contrib.values())
@@ -436,9 +560,11 @@ class RouterCore:
             self._put(new, pool_changed=placed_here)
         return moved
 
-    def _drain_sessions(self, replica_id: str, now_s: float) -> None:
+    def _drain_sessions(self, replica_id: str, now_s: float, keep: Callable[[str], bool] | None = None) -> None:
+        """Sessions admitted on ``replica_id`` leave it (at once, or when their request ends),
+        except those whose model ``keep`` accepts."""
         for s in list(self.sessions.values()):
-            if s.admitted and s.replica == replica_id:
+            if s.admitted and s.replica == replica_id and (keep is None or not keep(s.model)):
                 if s.in_flight > 0:
                     self._put(replace(s, pause_pending=True))
                 else:
@@ -486,15 +612,16 @@ class RouterCore:
             s = self.sessions[sid]
             rid = chosen.get(sid)
             rep = self.replicas.get(rid) if rid else None
-            if rep is None or not self.eligible(rep) or rid in s.avoid:
-                rid = self._least_used(exclude=s.avoid)
+            if rep is None or not self.eligible(rep) or rid in s.avoid or not rep.serves(s.model):
+                rid = self._least_used(exclude=s.avoid, model=s.model)
             if rid is None:
-                self.last_reject[sid] = "no healthy replica"
+                self.last_reject[sid] = f"no healthy replica serves model {s.model}" if s.model else \
+                    "no healthy replica"
                 continue
             self._put(replace(s, admitted=True, replica=rid, placed_s=now_s, pause_pending=False))
 
-    def _least_used(self, exclude: frozenset[str]) -> str | None:
-        ok = [r for r in self.replicas.values() if self.eligible(r) and r.id not in exclude]
+    def _least_used(self, exclude: frozenset[str], model: str = "") -> str | None:
+        ok = [r for r in self.replicas.values() if self.eligible(r) and r.id not in exclude and r.serves(model)]
         if not ok:
             return None
         return min(ok, key=lambda r: (self.used.get(r.id, 0) / max(1, r.kv_capacity_tokens), r.id)).id
