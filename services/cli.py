@@ -13,6 +13,8 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from services.common.extras import MissingExtra, extra_of
 
@@ -21,9 +23,9 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("up",): ("services.up.cli", "run the whole stack on this machine with an agent workload"),
     ("serve",): ("services.common.serve_cli", "run one service: router | planner | predictor | budget"),
     ("health",): ("services.common.health_cli", "gRPC health probe of HOST:PORT (exit 0 when SERVING)"),
-    ("vllm-sim",): ("sim.vllm_sim.cli", "one emulated vLLM replica (OpenAI HTTP API, /metrics)"),
-    ("workload", "generate"): ("sim.workload.cli", "generate an agent workload trace (JSONL)"),
-    ("sim", "run"): ("sim.cluster.cli", "discrete-event comparison of placement policies"),
+    ("vllm-sim",): ("services.sim.vllm_sim.cli", "one emulated vLLM replica (OpenAI HTTP API, /metrics)"),
+    ("workload", "generate"): ("services.sim.workload.cli", "generate an agent workload trace (JSONL)"),
+    ("sim", "run"): ("services.sim.cluster.cli", "discrete-event comparison of placement policies"),
     ("planner", "solve"): ("services.planner.cli", "solve one snapshot JSON, print the plan"),
     ("predictor", "replay"): ("services.predictor.cli", "replay tool events, print prediction accuracy"),
     ("bench", "e2e"): ("services.driver.cli", "drive a live stack (or any OpenAI endpoint) with a trace"),
@@ -32,6 +34,33 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("explain",): ("services.router.explain_cli", "why is this session waiting? (router GET /v1/sessions/{id})"),
     ("sessions",): ("services.router.sessions_cli", "list the router's sessions (GET /v1/sessions)"),
 }
+
+
+#: Benchmarks and fault suites (``bench/``) are not in the wheel: they run from a source checkout.
+CHECKOUT_ONLY = "bench."
+
+
+class NotInWheel(RuntimeError):
+    pass
+
+
+def _import_command(module_name: str, prog: str) -> object:
+    """Import a command's module. ``bench.*`` lives beside ``services/`` in a source checkout
+    (an editable install, or ``python -m`` from the checkout) and nowhere in an installed wheel."""
+    if not module_name.startswith(CHECKOUT_ONLY):
+        return importlib.import_module(module_name)
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("bench", module_name.rsplit(".", 1)[0], module_name):
+            raise
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "bench" / "__init__.py").is_file():
+        raise NotInWheel(f"`{prog}` runs from a source checkout of TAO (benchmarks and fault suites "
+                         f"are not in the installed package): clone the repository, `pip install -e .` "
+                         f"there and run it again")
+    sys.path.insert(0, str(root))
+    return importlib.import_module(module_name)
 
 
 def _usage() -> str:
@@ -60,13 +89,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     module_name, help_text = COMMANDS[match]
     prog = "tao " + " ".join(match)
     try:
-        module = importlib.import_module(module_name)
+        module: Any = _import_command(module_name, prog)
         parser = argparse.ArgumentParser(prog=prog, description=help_text)
         module.add_arguments(parser)
         ns = parser.parse_args(args[len(match):])
         return int(module.run(ns) or 0)
     except KeyboardInterrupt:
         return 130
+    except NotInWheel as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
     except MissingExtra as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2

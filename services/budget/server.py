@@ -1,7 +1,10 @@
 """`tao serve budget`: the shared bootstrap around the budget service.
 
 Health is SERVING once the configuration and last allocation have been read back from
-Redis (and Redis answers). The tick loop starts after that; tests pass ``autotick=False``
+Redis (and Redis answers). With ``leader_election`` (the default) the
+``tao.budget.v1.BudgetService`` name is SERVING only on the leader; a standby is SERVING on the
+server as a whole, ticks nothing, and on takeover reads the configuration and last allocation
+back before its first tick. The tick loop starts after that; tests pass ``autotick=False``
 and a ``VirtualClock`` and drive ``app.service.tick_once()`` themselves.
 """
 
@@ -19,6 +22,7 @@ from services.budget.service import BudgetService, BudgetServicer
 from services.budget.settings import Settings, TenantSpec
 from services.common.bootstrap import ServiceApp, ServiceContext
 from services.common.clock import Clock, WallClock
+from services.common.lease import RedisLease
 from tao.budget.v1 import budget_pb2_grpc
 
 __all__ = ["BudgetApp", "Settings", "add_cli_arguments", "build_app", "settings_overrides"]
@@ -34,6 +38,7 @@ class BudgetApp:
         self._to_unix = to_unix
         self.autotick = autotick
         self.service: BudgetService | None = None
+        self.lease: RedisLease | None = None
         self._loop: asyncio.Task[None] | None = None
 
     async def start(self, server: grpc.aio.Server, ctx: ServiceContext) -> None:
@@ -42,9 +47,23 @@ class BudgetApp:
         if to_unix is None:
             offset = WallClock.wall() - clock.now()
             to_unix = lambda t: t + offset  # noqa: E731
-        svc = BudgetService(self.settings, ctx.redis, ctx.epoch, clock, to_unix, ctx.log, ctx.metrics)
+        lease = RedisLease(ctx.redis, "budget", ttl_s=self.settings.lease_ttl_s, process_epoch=ctx.epoch,
+                           log=ctx.log, enabled=self.settings.leader_election)
+        self.lease = lease
+        svc = BudgetService(self.settings, ctx.redis, ctx.epoch, clock, to_unix, ctx.log, ctx.metrics, lease=lease)
         self.service = svc
         await svc.resume()
+
+        async def on_role(leading: bool) -> None:
+            ctx.log.info("budget role", leader=leading, epoch=lease.epoch)
+            if leading and svc.resumed:
+                await svc.resume()  # the previous leader's configuration and allocation
+                if self.autotick:
+                    with contextlib.suppress(Exception):
+                        await svc.tick_once()
+
+        lease.on_change(on_role)
+        await lease.start()
         budget_pb2_grpc.add_BudgetServiceServicer_to_server(BudgetServicer(svc), server)
         if self.autotick:
             self._loop = asyncio.create_task(svc.run(), name="budget-tick")
@@ -52,12 +71,18 @@ class BudgetApp:
     async def ready(self) -> bool:
         return self.service is not None and self.service.resumed
 
+    def leading(self) -> bool:
+        """Health of the BudgetService name: the leader only (bootstrap's health watch)."""
+        return self.lease is not None and self.lease.is_leader()
+
     async def stop(self) -> None:
         if self._loop is not None:
             self._loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop
             self._loop = None
+        if self.lease is not None:
+            await self.lease.stop(release=True)
 
 
 def build_app(settings: Settings) -> ServiceApp:

@@ -5,6 +5,10 @@ router's live epoch, merged with fresher ``ReportDemand`` reports) and engine KV
 router's replica records), run the policy, publish the allocation with (epoch, revision)
 to ``keys.ALLOCATION``, ``keys.ALLOCATION_CHANNEL`` and every ``WatchAllocations`` stream,
 and re-assert the configuration record (a wiped Redis is repopulated within one tick).
+Active/standby (docs/architecture.md#high-availability): only the holder of the budget lease
+ticks and writes (through the lease's fenced write, stamped with its term's epoch); a standby
+answers reads from memory, refuses ConfigureTenants/SetPolicy with UNAVAILABLE, and on takeover
+reads the configuration and last allocation back from Redis before its first tick.
 Redis trouble never stops the loop: the allocation stays in memory and watchers still get it;
 the router keeps the last caps it applied.
 
@@ -49,7 +53,9 @@ from services.budget.core import (
 from services.budget.settings import Settings
 from services.common import keys, tracing
 from services.common.clock import Clock
-from services.common.errors import InvalidArgument, NotFound
+from services.common.errors import InvalidArgument, NotFound, Unavailable
+from services.common.fleet import LIVE_EPOCHS, merge_demand
+from services.common.lease import RedisLease
 from services.common.records import BudgetConfigRecord, RecordError, ReplicaRecord, TenantDemandRecord, load
 from tao.budget.v1 import budget_pb2, budget_pb2_grpc
 
@@ -71,11 +77,13 @@ class BudgetService:
     def __init__(
         self, settings: Settings, redis: aioredis.Redis, epoch: str, clock: Clock,
         to_unix: Callable[[float], float], log: structlog.stdlib.BoundLogger,
-        registry: CollectorRegistry | None = None,
+        registry: CollectorRegistry | None = None, lease: RedisLease | None = None,
     ) -> None:
         self.settings = settings
         self.redis = redis
-        self.epoch = epoch
+        #: writes only while leading; without one, a lone writer that always writes
+        self.lease = lease or RedisLease(redis, "budget", ttl_s=settings.lease_ttl_s, process_epoch=epoch,
+                                         log=log, enabled=False)
         self.clock = clock
         self.to_unix = to_unix
         self.log = log
@@ -91,6 +99,16 @@ class BudgetService:
         self._lock = asyncio.Lock()
         self._watchers: set[asyncio.Queue[BudgetAllocationRecord]] = set()
 
+    @property
+    def epoch(self) -> str:
+        """The writer epoch: the lease term's epoch while leading."""
+        return self.lease.epoch
+
+    def _require_leader(self) -> None:
+        if not self.lease.is_leader():
+            raise Unavailable("this budget instance is a standby; send it to the leader (health SERVING on "
+                              "tao.budget.v1.BudgetService)")
+
     def from_unix(self, unix_s: float) -> float:
         now = self.clock.now()
         return unix_s - (self.to_unix(now) - now)
@@ -98,7 +116,8 @@ class BudgetService:
     # ------------------------------------------------------------ start-up and loop
 
     async def resume(self) -> None:
-        """Configuration, policy and last allocation from Redis; settings when none stored."""
+        """Configuration, policy and last allocation from Redis; when none is stored, the one in
+        memory (a wiped Redis), else the settings'."""
         raw_cfg = raw_alloc = None
         try:
             raw_cfg = await self.redis.get(keys.BUDGET_CONFIG)
@@ -106,7 +125,10 @@ class BudgetService:
         except (RedisError, OSError) as exc:
             self.metrics.redis_errors.inc()
             self.log.warning("resume: Redis unreadable, starting from settings", error=str(exc).splitlines()[0])
-        self.config = self.settings.initial_config()
+        if self.config is None:
+            # (with one in memory and nothing stored, Redis was wiped under this instance: it
+            # keeps what it had, and its next publish re-asserts it)
+            self.config = self.settings.initial_config()
         if raw_cfg is not None:
             try:
                 rec = load(BudgetConfigRecord, raw_cfg)
@@ -141,7 +163,9 @@ class BudgetService:
     # ------------------------------------------------------------ ticks
 
     async def tick_once(self) -> Allocation | None:
-        """One reallocation on current observations; None while unconfigured."""
+        """One reallocation on current observations; None while unconfigured or a standby."""
+        if not self.lease.is_leader():
+            return None
         async with self._lock:
             with tracing.span("tao.budget", "budget.tick"):
                 return await self._reallocate()
@@ -164,19 +188,25 @@ class BudgetService:
         try:
             live = await self.redis.get(keys.epoch_key("router"))
             raw_demand = await self.redis.hgetall(keys.DEMAND)
+            fleet = frozenset(await self.redis.eval(LIVE_EPOCHS, 2, keys.ROUTER_ALIVE, keys.ROUTER_EPOCHS) or ())
             raw_replicas = await self.redis.hgetall(keys.REPLICAS)
         except (RedisError, OSError) as exc:
             self.metrics.redis_errors.inc()
             self.log.warning("demand unreadable", error=str(exc).splitlines()[0])
-            raw_demand, raw_replicas, live = {}, {}, None
+            raw_demand, raw_replicas, live, fleet = {}, {}, None, frozenset()
+        records = []
         for raw in raw_demand.values():
             try:
                 rec = load(TenantDemandRecord, raw)
             except RecordError:
                 continue
-            if rec.tenant in names and (live is None or rec.epoch == live):
-                seen[rec.tenant] = demand_from_record(rec, self.from_unix)
-        if live is not None and seen:
+            # a router fleet (docs/architecture.md#router-fleet): every live router's records,
+            # summed per tenant; else the sole router's live epoch
+            if rec.tenant in names and (rec.epoch in fleet if fleet else live is None or rec.epoch == live):
+                records.append(rec)
+        for rec in merge_demand(records) if fleet else records:
+            seen[rec.tenant] = demand_from_record(rec, self.from_unix)
+        if (live is not None or fleet) and seen:
             # the live router reports every tenant it has requests for: a configured tenant it
             # does not mention has none (idle), as of its freshest report
             as_of = max(o.observed_at_s for o in seen.values())
@@ -200,23 +230,23 @@ class BudgetService:
         rec = allocation_to_record(alloc, self.epoch, self.to_unix(now_s))
         self.allocation, self.record = alloc, rec
         self._count(alloc)
-        for q in list(self._watchers):
-            if q.full():
-                q.get_nowait()  # a slow watcher skips to the newest allocations
-            q.put_nowait(rec)
         body = rec.model_dump_json()
         cfg = config_to_record(self.config, self.policy_name, self.epoch, max(1, self._config_rev))
         try:
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.set(keys.epoch_key("budget"), self.epoch)
-            pipe.set(keys.ALLOCATION, body)
-            pipe.set(keys.BUDGET_CONFIG, cfg.model_dump_json())
-            pipe.publish(keys.ALLOCATION_CHANNEL, body)
-            await pipe.execute()
+            written = await self.lease.write(
+                [(keys.epoch_key("budget"), self.epoch), (keys.ALLOCATION, body), (keys.BUDGET_CONFIG, cfg.model_dump_json())],
+                [(keys.ALLOCATION_CHANNEL, body)])
+            if not written:
+                self.log.warning("allocation not published: lease lost", revision=alloc.revision)
+                return
         except (RedisError, OSError) as exc:
             self.metrics.redis_errors.inc()
             self.log.warning("publish failed; allocation kept in memory", error=str(exc).splitlines()[0],
                              revision=alloc.revision)
+        for q in list(self._watchers):
+            if q.full():
+                q.get_nowait()  # a slow watcher skips to the newest allocations
+            q.put_nowait(rec)
         self.log.info("allocation", revision=alloc.revision, caps=dict(alloc.caps), limits=dict(alloc.limits),
                       decisions=[d.describe() for d in alloc.decisions])
 
@@ -233,7 +263,8 @@ class BudgetService:
     # ------------------------------------------------------------ commands
 
     async def configure(self, config: BudgetConfig) -> BudgetAllocationRecord:
-        """Replace the tenant set (already validated) and reallocate at once."""
+        """Replace the tenant set (already validated) and reallocate at once (leader only)."""
+        self._require_leader()
         async with self._lock:
             self.config = config
             self._config_rev += 1
@@ -247,13 +278,14 @@ class BudgetService:
             make_policy(name, self.params)
         except UnknownPolicyError as exc:
             raise InvalidArgument(str(exc)) from exc
+        self._require_leader()
         async with self._lock:
             self.policy_name = name
             self._config_rev += 1
             if self.config is not None:
                 cfg = config_to_record(self.config, name, self.epoch, self._config_rev)
                 try:
-                    await self.redis.set(keys.BUDGET_CONFIG, cfg.model_dump_json())
+                    await self.lease.write([(keys.BUDGET_CONFIG, cfg.model_dump_json())])
                 except (RedisError, OSError):
                     self.metrics.redis_errors.inc()
         return name

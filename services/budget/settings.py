@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import SettingsConfigDict
 
 from services.budget.core import POLICIES, BudgetConfig, BudgetConfigError, DynamicParams, TenantConfig
-from services.common.settings import ServiceSettings
+from services.common.settings import LeaderElectionSettings
 
 
 class TenantSpec(BaseModel):
@@ -28,7 +28,7 @@ class TenantSpec(BaseModel):
     static_cap: int = Field(default=0, ge=0, description="0: weighted split under the static policy")
 
 
-class Settings(ServiceSettings):
+class Settings(LeaderElectionSettings):
     model_config = SettingsConfigDict(
         env_prefix="TAO_BUDGET_", extra="forbid", validate_default=True, env_nested_delimiter="__"
     )

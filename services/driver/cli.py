@@ -12,7 +12,7 @@ from typing import Any
 
 from services.driver.driver import DriverConfig, ToolEvents, TraceDriver
 from services.driver.results import measure
-from sim.workload.trace import TraceError, load_trace
+from services.sim.workload.trace import TraceError, load_trace
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

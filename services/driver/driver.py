@@ -21,8 +21,9 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from sim.engine.tokens import synthetic_token_id
-from sim.workload.trace import Session
+from services.driver.chat import CHAT_PATH, Outcome, open_http, send_chat
+from services.sim.engine.tokens import synthetic_token_id
+from services.sim.workload.trace import TraceSession
 
 
 class ToolEvents(Protocol):
@@ -116,7 +117,7 @@ class DriverResult:
 TOKENS_PER_WORD = 64
 
 
-def stand_in_text(session: Session, prompt_tokens: int) -> str:
+def stand_in_text(session: TraceSession, prompt_tokens: int) -> str:
     """A miniature of the prompt for routers that route on request text (text cache-aware):
     one word per ``TOKENS_PER_WORD`` tokens, each word a function of the synthetic content at
     that position (the shared system prompt's source before ``system_prompt_tokens``, the
@@ -131,7 +132,18 @@ def stand_in_text(session: Session, prompt_tokens: int) -> str:
     return " ".join(words)
 
 
-def _prompt_tokens(session: Session, turn_index: int) -> int:
+def _error(out: Outcome) -> str | None:
+    """The request's error as the driver reports it; None when it ended ``ok``."""
+    if out.ok:
+        return None
+    if out.status is not None and out.status != 200:
+        return f"HTTP {out.status}: {out.body.decode(errors='replace')[:200]}"
+    if out.exception is not None:
+        return f"{type(out.exception).__name__}: {out.exception}"
+    return out.detail
+
+
+def _prompt_tokens(session: TraceSession, turn_index: int) -> int:
     total = session.system_prompt_tokens
     for i, turn in enumerate(session.turns[: turn_index + 1]):
         total += turn.append_tokens
@@ -161,7 +173,7 @@ class TraceDriver:
                 raise RuntimeError(f"{self.config.base_url}/v1/models answered {resp.status}: {body}")
             return str(body["data"][0]["id"])
 
-    async def _request(self, http: aiohttp.ClientSession, model: str, session: Session, turn_index: int) -> RequestResult:
+    async def _request(self, http: aiohttp.ClientSession, model: str, session: TraceSession, turn_index: int) -> RequestResult:
         """One turn; a 503 (held too long at the router) is retried after its Retry-After,
         with TTFT and latency measured from the first attempt, as the agent experiences them."""
         first_sent = time.monotonic()
@@ -177,7 +189,7 @@ class TraceDriver:
             self.on_request(result)
         return result
 
-    async def _attempt(self, http: aiohttp.ClientSession, model: str, session: Session, turn_index: int,
+    async def _attempt(self, http: aiohttp.ClientSession, model: str, session: TraceSession, turn_index: int,
                        sent: float) -> tuple[RequestResult, float | None]:
         turn = session.turns[turn_index]
         prompt_tokens = _prompt_tokens(session, turn_index)
@@ -205,60 +217,31 @@ class TraceDriver:
         headers = {"x-session-id": session.session_id, "authorization": f"Bearer {self.config.api_key}"}
         if self.config.tenant_header:
             headers["x-tao-tenant"] = session.tenant
-        ttft: float | None = None
-        headers_at: float | None = None
-        retry_after: float | None = None
-        usage: dict[str, Any] = {}
-        hold_s: float | None = None
-        error: str | None = None
-        try:
-            async with http.post(f"{self.config.base_url}/v1/chat/completions", json=body, headers=headers) as resp:
-                headers_at = time.monotonic()
-                hold_header = resp.headers.get("x-tao-hold-ms")
-                if hold_header is not None:
-                    hold_s = float(hold_header) / 1000.0  # the router reports model milliseconds
-                if resp.status != 200:
-                    error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
-                    if resp.status == 503:
-                        retry_after = float(resp.headers.get("Retry-After", "1") or 1)
-                else:
-                    async for raw in resp.content:
-                        line = raw.strip()
-                        if not line.startswith(b"data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == b"[DONE]":
-                            break
-                        chunk = json.loads(data)
-                        if "error" in chunk:
-                            error = str(chunk["error"].get("message", chunk["error"]))
-                            break
-                        if ttft is None and chunk.get("choices"):
-                            delta = chunk["choices"][0].get("delta", {})
-                            if delta.get("content"):
-                                ttft = time.monotonic() - sent
-                        if chunk.get("usage"):
-                            usage = chunk["usage"]
-        except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError) as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        latency = time.monotonic() - sent
+        out = await send_chat(http, self.config.base_url + CHAT_PATH, body, headers, t0=sent, clock=time.monotonic)
+        hold_header = out.headers.get("x-tao-hold-ms")
+        hold_s = None if hold_header is None else float(hold_header) / 1000.0  # the router reports model ms
         scale = self.config.time_scale
+        usage = out.usage or {}
         details = usage.get("prompt_tokens_details") or {}
         result = RequestResult(
             session_id=session.session_id, turn=turn_index, after_tool=turn_index > 0,
-            sent_at_s=(sent - self._t0) * scale, ttft_s=None if ttft is None else ttft * scale,
-            latency_s=latency * scale, prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            sent_at_s=(sent - self._t0) * scale, ttft_s=None if out.ttft_s is None else out.ttft_s * scale,
+            latency_s=out.total_s * scale, prompt_tokens=int(usage.get("prompt_tokens", 0)),
             completion_tokens=int(usage.get("completion_tokens", 0)),
-            cached_tokens=int(details.get("cached_tokens", 0) or 0), hold_s=hold_s, error=error,
-            wait_s=None if headers_at is None else (headers_at - sent) * scale,
+            cached_tokens=int(details.get("cached_tokens", 0) or 0), hold_s=hold_s, error=_error(out),
+            wait_s=None if out.headers_s is None else out.headers_s * scale,
         )
-        return result, (retry_after if error is not None else None)
+        retry_after = None
+        if out.status == 503 and not out.ok:
+            retry_after = float(out.headers.get("Retry-After", "1") or 1)
+        return result, retry_after
 
-    async def _release(self, http: aiohttp.ClientSession, session: Session) -> None:
+    async def _release(self, http: aiohttp.ClientSession, session: TraceSession) -> None:
         """Release the session: TAO's ``/v1/sessions/{id}/release`` first, and when that is not
         answered 2xx (ThunderAgent, other endpoints: 404) ThunderAgent's ``/programs/release``.
         Failures and 404s are ignored: an endpoint without sessions has nothing to release."""
-        headers = {"authorization": f"Bearer {self.config.api_key}"}
+        # x-session-id too: a gateway that hashes on it sends the release to the session's router
+        headers = {"authorization": f"Bearer {self.config.api_key}", "x-session-id": session.session_id}
         if self.config.tenant_header:
             headers["x-tao-tenant"] = session.tenant
         base, sid = self.config.base_url, session.session_id
@@ -272,7 +255,7 @@ class TraceDriver:
             except (TimeoutError, aiohttp.ClientError):
                 pass
 
-    async def _run_tool(self, session: Session, turn_index: int) -> None:
+    async def _run_tool(self, session: TraceSession, turn_index: int) -> None:
         tool = session.turns[turn_index].tool
         assert tool is not None
         call_id = f"{session.session_id}:{turn_index}"
@@ -290,7 +273,7 @@ class TraceDriver:
             await asyncio.sleep(remaining)
         await self.tools.finished(session.session_id, call_id)
 
-    async def _run_session(self, http: aiohttp.ClientSession, model: str, session: Session) -> SessionResult:
+    async def _run_session(self, http: aiohttp.ClientSession, model: str, session: TraceSession) -> SessionResult:
         result = SessionResult(session.session_id, session.tenant, self._now_model_s(), 0.0, False)
         self.active += 1
         try:
@@ -315,17 +298,15 @@ class TraceDriver:
             self.done += 1
         return result
 
-    async def run(self, sessions: list[Session]) -> DriverResult:
+    async def run(self, sessions: list[TraceSession]) -> DriverResult:
         """Play every session: each starts at its arrival time (scaled) once fewer than
         ``concurrency`` sessions are active (closed loop)."""
         self._t0 = time.monotonic()
         gate = asyncio.Semaphore(self.config.concurrency)
-        timeout = aiohttp.ClientTimeout(total=self.config.request_timeout_s)
-        connector = aiohttp.TCPConnector(limit=0, force_close=False)
-        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
+        async with open_http(self.config.request_timeout_s) as http:
             model = self.config.model or await self._discover_model(http)
 
-            async def one(session: Session) -> SessionResult:
+            async def one(session: TraceSession) -> SessionResult:
                 delay = session.arrival_s / self.config.time_scale - (time.monotonic() - self._t0)
                 if delay > 0:
                     await asyncio.sleep(delay)

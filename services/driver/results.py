@@ -9,8 +9,8 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.driver.driver import DriverResult, RequestResult, TraceDriver
-from sim.cluster.metrics import RequestRecord, SessionOutcome, summarize
-from sim.workload.trace import Session
+from services.sim.cluster.metrics import RequestRecord, SessionOutcome, summarize
+from services.sim.workload.trace import TraceSession
 
 #: a request counts as a paused wait when its response headers took at least this long,
 #: measured by the driver, in model seconds *and* in wall seconds (``PAUSE_MIN_WALL_S``). The
@@ -117,7 +117,7 @@ def metrics_of(result: DriverResult, preemptions: int = 0, busy_s: float | None 
     return out
 
 
-async def measure(driver: TraceDriver, sessions: list[Session], replica_urls: list[str]) -> dict[str, Any]:
+async def measure(driver: TraceDriver, sessions: list[TraceSession], replica_urls: list[str]) -> dict[str, Any]:
     """Play ``sessions`` through ``driver``; the `tao sim run` metrics, with the preemptions and
     busy time the replicas at ``replica_urls`` counted during the run."""
     before = await scrape_counters(replica_urls)

@@ -8,8 +8,11 @@ Snapshot from records (``snapshot_from_records``), as the router itself would bu
 - sessions: ENDED ones are left out; a session admitted on a replica that is not in the
   replica table goes back to the pool (its replica is gone); footprint falls back to
   context + expected append + EWMA output when the router has not computed one;
-- credit evidence per replica: ``volume`` evidence carries min(processed, resident) tokens
-  (the core scales it by the replica's hit rate), the other kinds the resident tokens;
+- credit evidence: the stored ``CacheEvidence`` of the replicas still in the table, as is
+  (its ``credit_tokens``: min(processed, resident) for ``volume``, which the core scales by
+  the replica's hit rate, the resident tokens for the other kinds);
+- the per-replica and per-session rules the router core's own snapshot follows too are
+  ``replica_view`` and ``session_view`` (``services.planner.core.model``);
 - readiness: a held request (phase WAITING) is ready; otherwise the predictor's latest
   prediction decides (``services.router.core.readiness.is_ready``: fresh within 30 s, for
   the current tool call, flagged ready or returning within 1 s);
@@ -23,6 +26,8 @@ from collections.abc import Iterable, Mapping
 
 from pydantic import Field
 
+from services.common.convert import PHASE_FROM_PROTO, PHASE_TO_PROTO
+from services.common.core.evidence import CacheEvidence
 from services.common.epoch import Stamp
 from services.common.errors import InvalidArgument
 from services.common.records import (
@@ -34,15 +39,17 @@ from services.common.records import (
     SessionRecord,
     TenantDemandRecord,
 )
+from services.common.vocabulary import DEFAULT_BLOCK_SIZE
 from services.planner.core.explain import Explanation
 from services.planner.core.model import (
-    CreditEvidence,
     Objective,
     Plan,
     ReplicaState,
     SessionState,
     Snapshot,
     SnapshotError,
+    replica_view,
+    session_view,
 )
 from services.router.core.readiness import PredictionView, is_current, is_ready
 from tao.common.v1 import common_pb2
@@ -58,14 +65,6 @@ class PlannerPlanRecord(PlanRecord):
     pool_sessions: int = Field(default=0, ge=0)
 
 
-PHASE_TO_PROTO = {
-    "WAITING": common_pb2.SESSION_PHASE_WAITING,
-    "RUNNING": common_pb2.SESSION_PHASE_RUNNING,
-    "ACTING": common_pb2.SESSION_PHASE_ACTING,
-    "PAUSED": common_pb2.SESSION_PHASE_PAUSED,
-    "ENDED": common_pb2.SESSION_PHASE_ENDED,
-}
-PHASE_FROM_PROTO = {v: k for k, v in PHASE_TO_PROTO.items()}
 
 
 # ------------------------------------------------------------------------ proto <-> core
@@ -81,17 +80,19 @@ def snapshot_from_proto(msg: planner_pb2.Snapshot) -> Snapshot:
             raise InvalidArgument(f"sessions[{i}].phase: unknown value {s.phase}")
         sessions.append(SessionState(
             id=s.id, tenant=s.tenant, footprint_tokens=s.footprint_tokens, ready=s.ready,
-            credits=tuple(CreditEvidence(c.replica, c.tokens, c.observed_at_s, c.kind or "cached_tokens")
+            credits=tuple(CacheEvidence.of_credit(c.replica, c.tokens, c.observed_at_s, c.kind or "cached_tokens")
                           for c in s.credits),
             phase=PHASE_FROM_PROTO.get(s.phase, "WAITING"), replica=s.replica or None, admitted=s.admitted,
             context_tokens=s.context_tokens,
             acting_since_s=s.acting_since_s if s.HasField("acting_since_s") else None,
             waiting_since_s=s.waiting_since_s if s.HasField("waiting_since_s") else None,
             tool_return_s=s.tool_return_s if s.HasField("tool_return_s") else None,
+            model=s.model,
         ))
     snapshot = Snapshot(
         now_s=msg.now_s,
-        replicas=tuple(ReplicaState(r.id, r.capacity_tokens, r.used_tokens, r.healthy) for r in msg.replicas),
+        replicas=tuple(ReplicaState(r.id, r.capacity_tokens, r.used_tokens, r.healthy, models=tuple(r.models),
+                                    block_size=r.block_size or DEFAULT_BLOCK_SIZE) for r in msg.replicas),
         sessions=tuple(sessions),
         tenant_headroom=dict(msg.tenant_headroom) or None,
     )
@@ -106,14 +107,15 @@ def snapshot_to_proto(snapshot: Snapshot) -> planner_pb2.Snapshot:
     return planner_pb2.Snapshot(
         now_s=snapshot.now_s,
         replicas=[planner_pb2.Replica(id=r.id, capacity_tokens=r.capacity_tokens, used_tokens=r.used_tokens,
-                                      healthy=r.healthy) for r in snapshot.replicas],
+                                      healthy=r.healthy, models=list(r.models), block_size=r.block_size)
+                  for r in snapshot.replicas],
         sessions=[planner_pb2.Session(
             id=s.id, tenant=s.tenant, footprint_tokens=s.footprint_tokens, ready=s.ready,
-            credits=[planner_pb2.Credit(replica=c.replica, tokens=c.tokens, observed_at_s=c.observed_at_s,
+            credits=[planner_pb2.Credit(replica=c.replica, tokens=c.credit_tokens, observed_at_s=c.observed_at_s,
                                         kind=c.kind) for c in s.credits],
             phase=PHASE_TO_PROTO[s.phase], replica=s.replica or "", admitted=s.admitted,
             context_tokens=s.context_tokens, acting_since_s=s.acting_since_s,
-            waiting_since_s=s.waiting_since_s, tool_return_s=s.tool_return_s,
+            waiting_since_s=s.waiting_since_s, tool_return_s=s.tool_return_s, model=s.model,
         ) for s in snapshot.sessions],
         tenant_headroom=dict(snapshot.tenant_headroom or {}),
     )
@@ -200,10 +202,10 @@ def snapshot_from_records(
     reps = sorted(replicas, key=lambda r: r.replica_id)
     known = {r.replica_id for r in reps}
     replica_states = tuple(
-        ReplicaState(
-            id=r.replica_id, capacity_tokens=r.capacity_tokens, used_tokens=r.used_tokens,
-            healthy=r.healthy and not r.draining, running=r.running, waiting=r.waiting,
-            prefix_hit_rate=min(1.0, max(0.0, r.prefix_hit_rate)),
+        replica_view(
+            r.replica_id, r.capacity_tokens, r.used_tokens, eligible=r.healthy and not r.draining,
+            running=r.running, waiting=r.waiting, prefix_hit_rate=r.prefix_hit_rate, models=r.models,
+            block_size=r.block_size,
         )
         for r in reps
     )
@@ -211,7 +213,6 @@ def snapshot_from_records(
     for s in sorted(sessions, key=lambda s: s.session_id):
         if s.phase == "ENDED":
             continue
-        admitted = s.admitted and s.replica in known
         footprint = s.footprint_tokens or (s.context_tokens + s.expected_append_tokens + int(s.ewma_output_tokens))
         ready = s.phase == "WAITING"
         pred = predictions.get(s.session_id)
@@ -222,22 +223,13 @@ def snapshot_from_records(
             ready = is_ready(view, now_unix_s, s.acting_since_unix_s, horizon_s, fresh_s)
             if is_current(view, now_unix_s, s.acting_since_unix_s, fresh_s):
                 returns = pred.predicted_return_unix_s
-        credits = tuple(
-            CreditEvidence(
-                replica=o.replica,
-                tokens=min(o.processed_tokens, o.resident_tokens) if o.kind == "volume" else o.resident_tokens,
-                observed_at_s=o.observed_at_unix_s,
-                kind=o.kind,
-            )
-            for o in s.cache
-            if o.replica in known
-        )
-        out.append(SessionState(
-            id=s.session_id, tenant=s.tenant, footprint_tokens=footprint, ready=ready, credits=credits,
-            phase=s.phase if admitted or s.phase != "RUNNING" else "WAITING",
-            replica=s.replica if admitted else None, admitted=admitted, context_tokens=s.context_tokens,
-            acting_since_s=s.acting_since_unix_s, waiting_since_s=s.waiting_since_unix_s,
-            tool_return_s=returns,
+        out.append(session_view(
+            s.session_id, s.tenant, known_replicas=known, footprint_tokens=footprint, ready=ready, evidence=s.cache,
+            # a RUNNING session whose replica left the table is back in the pool, waiting
+            phase="WAITING" if s.phase == "RUNNING" and not (s.admitted and s.replica in known) else s.phase,
+            replica=s.replica, admitted=s.admitted, context_tokens=s.context_tokens,
+            acting_since_s=s.acting_since_unix_s, waiting_since_s=s.waiting_since_unix_s, tool_return_s=returns,
+            model=s.model,
         ))
     headroom = None
     if allocation is not None:

@@ -7,6 +7,11 @@ planner's live epoch. Rounds are triggered by pool changes the router announces 
 ``keys.POOL_CHANNEL`` (debounced by ``debounce_s``) and by a periodic ``tick_s`` tick; one
 round runs at a time and a trigger during a round causes one more round after it.
 
+Active/standby (docs/architecture.md#high-availability): rounds run and plans are published
+only while this instance holds the planner lease (``RedisLease``); a plan is written through the
+lease's fenced write (the token is checked in Redis in the same script), stamped with the
+epoch of the lease's term, so a deposed leader can neither overwrite the plan nor the live epoch.
+
 Failure handling: Redis unreadable -> the round is skipped (nothing published, the router's
 local fallback takes over once plans go stale); publish failing -> the plan is kept in memory
 and still goes to watchers; the pool subscription re-subscribes after a Redis restart.
@@ -31,8 +36,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from redis.exceptions import RedisError
 
 from services.common import keys, tracing
+from services.common.aio import wait_event, within
 from services.common.epoch import RevisionCounter, Stamp
 from services.common.errors import InvalidArgument, NotFound
+from services.common.lease import RedisLease
 from services.planner.convert import (
     PlannerPlanRecord,
     explanation_to_proto,
@@ -89,15 +96,19 @@ class Published:
 
 class PlannerService:
     def __init__(self, settings: Settings, redis: aioredis.Redis, epoch: str, clock: ModelClock,
-                 log: structlog.stdlib.BoundLogger, registry: CollectorRegistry | None = None) -> None:
+                 log: structlog.stdlib.BoundLogger, registry: CollectorRegistry | None = None,
+                 lease: RedisLease | None = None) -> None:
         self.settings = settings
+        #: publishes only while leading; without one, a lone writer that always publishes
+        self.lease = lease or RedisLease(redis, "planner", ttl_s=settings.lease_ttl_s, process_epoch=epoch,
+                                         log=log, enabled=False)
         self.redis = redis
         self.clock = clock
         self.log = log
         self.metrics = PlannerMetrics(registry)
         self.source = SnapshotSource(redis, settings, clock.unix)
         self.policy: Policy = make_policy(settings.policy)
-        self.revisions = RevisionCounter(epoch)
+        self.revisions = RevisionCounter(self.lease.epoch)
         self.last: Published | None = None
         self._lock = asyncio.Lock()
         self._kick = asyncio.Event()
@@ -111,8 +122,12 @@ class PlannerService:
     # ------------------------------------------------------------------ rounds
 
     async def plan_once(self) -> PlannerPlanRecord | None:
-        """One round; returns the published record, or None when the snapshot was unreadable."""
+        """One round; returns the published record, or None when the snapshot was unreadable,
+        this instance is a standby, or it lost the lease before publishing."""
         async with self._lock:
+            if not self.lease.is_leader():
+                self.metrics.rounds.labels("standby").inc()
+                return None
             with tracing.span(SCOPE, "planner.round") as round_span:
                 try:
                     with tracing.span(SCOPE, "planner.snapshot_read"):
@@ -128,35 +143,45 @@ class PlannerService:
                     if solve_span is not None:
                         solve_span.set_attributes({"tao.solver": plan.solver, "tao.admitted": len(plan.assignments),
                                                    "tao.paused": len(plan.pauses)})
-                stamp = self.revisions.next()
+                if not self.lease.is_leader():
+                    self.metrics.rounds.labels("standby").inc()
+                    return None
+                if self.revisions.epoch != self.lease.epoch:  # a new term: a new epoch, revisions from 1
+                    self.revisions = RevisionCounter(self.lease.epoch)
+                stamp = Stamp(self.revisions.epoch, self.revisions.last + 1)  # taken once published
                 pool = len(pool_candidates(read.snapshot))
                 record = plan_to_record(plan, stamp, read.read_at_unix_s, self.clock.unix(), pool)
-                self.last = Published(plan, read.snapshot, record)
                 if round_span is not None:
                     round_span.set_attributes({"tao.plan.epoch": record.epoch, "tao.plan.revision": record.rev,
                                                "tao.pool_sessions": pool})
                 with tracing.span(SCOPE, "planner.publish"):
-                    await self._publish(record)
+                    if not await self._publish(record):
+                        return None
+                self.revisions.next()
+                self.last = Published(plan, read.snapshot, record)
                 self._count(plan, pool)
                 return record
 
-    async def _publish(self, record: PlannerPlanRecord) -> None:
-        for q in list(self._watchers):
-            if q.full():
-                q.get_nowait()  # a slow watcher skips to the newest plans
-            q.put_nowait(record)
+    async def _publish(self, record: PlannerPlanRecord) -> bool:
+        """Write and announce the plan (fenced by the lease); False when the lease was lost."""
         body = record.model_dump_json()
         try:
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.set(keys.epoch_key("planner"), record.epoch)
-            pipe.set(keys.PLAN, body)
-            pipe.publish(keys.PLAN_CHANNEL, body)
-            await pipe.execute()
-            self.metrics.rounds.labels("published").inc()
+            written = await self.lease.write([(keys.epoch_key("planner"), record.epoch), (keys.PLAN, body)],
+                                             [(keys.PLAN_CHANNEL, body)])
         except (RedisError, OSError) as exc:
             self.metrics.redis_errors.inc()
             self.metrics.rounds.labels("publish_failed").inc()
             self.log.warning("publish failed; plan kept in memory", error=str(exc).splitlines()[0], revision=record.rev)
+        else:
+            if not written:
+                self.metrics.rounds.labels("deposed").inc()
+                return False
+            self.metrics.rounds.labels("published").inc()
+        for q in list(self._watchers):
+            if q.full():
+                q.get_nowait()  # a slow watcher skips to the newest plans
+            q.put_nowait(record)
+        return True
 
     def _count(self, plan: Plan, pool: int) -> None:
         self.metrics.solve.observe(plan.solve_ms / 1000.0)
@@ -188,8 +213,7 @@ class PlannerService:
     async def _rounds(self) -> None:
         """Plan on every debounced kick and at least every ``tick_s``; a failing round is logged."""
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), self.clock.wall_seconds(self.settings.tick_s))
+            await wait_event(self._kick, self.clock.wall_seconds(self.settings.tick_s))
             if self._kick.is_set() and self.settings.debounce_s > 0:
                 await asyncio.sleep(self.clock.wall_seconds(self.settings.debounce_s))
             self._kick.clear()
@@ -217,7 +241,7 @@ class PlannerService:
             finally:
                 # bounded: closing a pubsub whose read was just cancelled can wait on its lock
                 with contextlib.suppress(RedisError, OSError, TimeoutError):
-                    await asyncio.wait_for(pubsub.aclose(), 2.0)  # type: ignore[no-untyped-call]
+                    await within(pubsub.aclose(), 2.0)  # type: ignore[no-untyped-call]
 
     # ------------------------------------------------------------------ commands
 

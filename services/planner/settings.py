@@ -10,11 +10,11 @@ from typing import ClassVar
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from services.common.settings import ServiceSettings
+from services.common.settings import LeaderElectionSettings
 from services.planner.core.registry import POLICIES
 
 
-class Settings(ServiceSettings):
+class Settings(LeaderElectionSettings):
     model_config = SettingsConfigDict(
         env_prefix="TAO_PLANNER_", extra="forbid", validate_default=True, env_nested_delimiter="__"
     )

@@ -3,7 +3,9 @@
 Everything is read in one MULTI/EXEC transaction (sessions, replicas, predictions, the
 allocation, tenant demand and the writers' live epochs), so the snapshot is the state at a
 single instant. Records of a stale writer epoch and records that do not parse are skipped
-and counted; the rest goes through ``convert.snapshot_from_records``.
+and counted; the rest goes through ``convert.snapshot_from_records``. With a router fleet
+(docs/architecture.md#router-fleet) the live writer epochs of the routers are read in the same
+transaction (``fleet.LIVE_EPOCHS``): any live router's records count, a dead router's do not.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import redis.asyncio as aioredis
 from pydantic import BaseModel
 
 from services.common import keys
+from services.common.fleet import LIVE_EPOCHS, merge_demand
 from services.common.records import (
     AllocationRecord,
     PredictionRecord,
@@ -25,6 +28,7 @@ from services.common.records import (
     TenantDemandRecord,
     load,
 )
+from services.common.redis_client import transaction
 from services.planner.convert import snapshot_from_records
 from services.planner.core.model import Snapshot
 from services.planner.settings import Settings
@@ -53,7 +57,7 @@ class SnapshotSource:
         # Taken before reading: anything that changes after this instant is newer than the
         # plan's input, which is what the router's revalidation needs (snapshot_at_unix_s).
         now = self.unix()
-        pipe = self.redis.pipeline(transaction=True)
+        pipe = await transaction(self.redis)  # a Cluster-safe MULTI/EXEC (redis_client.transaction)
         pipe.get(keys.epoch_key("router"))
         pipe.get(keys.epoch_key("predictor"))
         pipe.get(keys.epoch_key("budget"))
@@ -62,12 +66,15 @@ class SnapshotSource:
         pipe.hgetall(keys.PREDICTIONS)
         pipe.get(keys.ALLOCATION)
         pipe.hgetall(keys.DEMAND)
-        router_epoch, predictor_epoch, budget_epoch, raw_sessions, raw_replicas, raw_preds, raw_alloc, raw_demand = (
-            await pipe.execute()
-        )
+        pipe.eval(LIVE_EPOCHS, 2, keys.ROUTER_ALIVE, keys.ROUTER_EPOCHS)
+        (router_epoch, predictor_epoch, budget_epoch, raw_sessions, raw_replicas, raw_preds, raw_alloc, raw_demand,
+         fleet_epochs) = await pipe.execute()
         skipped = 0
+        # a router fleet (docs/architecture.md#router-fleet): records of every live router's
+        # epoch count, a dead router's are dropped (its sessions come back under their new owner's)
+        fleet = frozenset(fleet_epochs or ())
 
-        def parse(cls: type[R], raws: dict[str, str], live: str | None) -> list[R]:
+        def parse(cls: type[R], raws: dict[str, str], live: str | None, router: bool = False) -> list[R]:
             nonlocal skipped
             out = []
             for raw in raws.values():
@@ -76,16 +83,29 @@ class SnapshotSource:
                 except RecordError:
                     skipped += 1
                     continue
-                if live is not None and getattr(rec, "epoch", live) != live:
+                if fleet and router:
+                    if getattr(rec, "epoch", "") not in fleet:
+                        skipped += 1
+                        continue
+                elif live is not None and getattr(rec, "epoch", live) != live:
                     skipped += 1
                     continue
                 out.append(rec)
             return out
 
-        sessions = parse(SessionRecord, raw_sessions, router_epoch)
-        replicas = parse(ReplicaRecord, raw_replicas, router_epoch)
+        sessions = parse(SessionRecord, raw_sessions, router_epoch, router=True)
+        replicas = parse(ReplicaRecord, raw_replicas, router_epoch, router=True)
         predictions = {p.session_id: p for p in parse(PredictionRecord, raw_preds, predictor_epoch)}
-        demand = parse(TenantDemandRecord, raw_demand, router_epoch)
+        demand = parse(TenantDemandRecord, raw_demand, router_epoch, router=True)
+        if fleet:
+            # each router counts only its own sessions on a replica: the replica's use is the
+            # sum over every live router's admitted sessions
+            demand = merge_demand(demand)
+            used: dict[str, int] = {}
+            for s in sessions:
+                if s.admitted and s.replica is not None:
+                    used[s.replica] = used.get(s.replica, 0) + s.footprint_tokens
+            replicas = [r.model_copy(update={"used_tokens": used.get(r.replica_id, 0)}) for r in replicas]
         allocation = None
         if raw_alloc is not None and self.settings.use_tenant_headroom:
             try:

@@ -37,6 +37,7 @@ from typing import Any
 
 import grpc
 
+from services.common.aio import wait_event
 from services.common.channels import make_channel
 from tao.predictor.v1 import predictor_pb2 as pb
 from tao.predictor.v1 import predictor_pb2_grpc as pb_grpc
@@ -140,6 +141,11 @@ class AsyncToolReporter:
             self.stats.errors += 1
             self.stats.last_error = repr(exc)
 
+    def forget(self, session_id: str, call_id: str) -> None:
+        """Stop heartbeating a call whose end will never be known (its session ended), without
+        reporting it finished: the predictor drops it once silent (``call_ttl_s``)."""
+        self._open.pop((session_id, call_id), None)
+
     @property
     def pending(self) -> int:
         """Events not yet acknowledged by the predictor."""
@@ -148,11 +154,7 @@ class AsyncToolReporter:
     async def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every buffered event was acknowledged (True) or ``timeout_s`` passed."""
         self._send_due_progress(force=True)
-        try:
-            await asyncio.wait_for(self._drained.wait(), timeout_s)
-            return True
-        except TimeoutError:
-            return False
+        return await wait_event(self._drained, timeout_s)
 
     async def close(self, timeout_s: float = 5.0) -> None:
         """Flush (best effort within ``timeout_s``), then stop and close the channel."""

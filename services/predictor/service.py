@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from redis.exceptions import RedisError
 
 from services.common import tracing
+from services.common.aio import within
 from services.common.clock import Clock
 from services.common.epoch import RevisionCounter
 from services.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
@@ -48,7 +49,7 @@ from services.predictor.core import (
     SessionPrediction,
 )
 from services.predictor.settings import Settings
-from services.predictor.store import EpochLost, PredictorStore, Snapshot, WriteBatch
+from services.predictor.store import EpochLost, NotReplicated, PredictorStore, Snapshot, WriteBatch
 from tao.predictor.v1 import predictor_pb2 as pb
 from tao.predictor.v1 import predictor_pb2_grpc as pb_grpc
 
@@ -118,7 +119,7 @@ class PredictorEngine:
         self.metrics = metrics
         self.clock = clock
         self.core = Predictor(settings.predictor_config())
-        self.store = PredictorStore(redis, epoch)
+        self.store = PredictorStore(redis, epoch, settings.redis_wait_replicas, settings.redis_timeout_s / 2)
         self.revs = RevisionCounter(epoch)
         self._seen: dict[str, OrderedDict[str, _Seen]] = {}
         self._pending = _Pending()
@@ -250,7 +251,7 @@ class PredictorEngine:
         self._waiters.append((gen, fut))
         self._flush_needed.set()
         try:
-            await asyncio.wait_for(fut, timeout_s)
+            await within(fut, timeout_s)
         except TimeoutError:
             raise Unavailable(f"Redis did not confirm the write within {timeout_s} s; resend") from None
 
@@ -360,7 +361,16 @@ class PredictorEngine:
             self._requeue(batch)
             self.resync_all()
             return False
-        except (RedisError, OSError):
+        except NotReplicated:
+            # written, but perhaps only on a master about to be replaced: write everything
+            # again (a full snapshot) and acknowledge once a replica confirms that
+            self.resync_all()
+            return False
+        except (RedisError, OSError, RuntimeError):
+            # RuntimeError: redis-py's Redis Cluster transaction pipeline queues on a thread-run
+            # event loop and raises "bound to a different event loop" when a slot-map reload is
+            # under way (a failover, redis_client.transaction); retried like a Redis error, or
+            # this loop would die and nothing would be acknowledged again (the fleet fault suite)
             self._requeue(batch)
             return False
         self._written = True

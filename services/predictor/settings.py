@@ -39,6 +39,9 @@ class Settings(ServiceSettings):
     snapshot_max_log_events: int = Field(default=100_000, ge=100, description="snapshot early past this log length")
     flush_retry_s: float = Field(default=0.2, gt=0, le=60, description="wait before retrying a failed Redis write")
     flush_timeout_s: float = Field(default=10.0, gt=0, le=600, description="acks wait this long for Redis, then UNAVAILABLE")
+    redis_wait_replicas: int = Field(
+        default=0, ge=0, le=16, description="acknowledge an event only once this many Redis replicas have it (WAIT); "
+        "1 with Sentinel keeps acknowledged events through a failover")
 
     # --- background loops
     tick_s: float = Field(default=0.05, gt=0, le=10, description="readiness re-evaluation period")

@@ -1,10 +1,10 @@
 """The predictor's durable state in Redis (the predictor is the only writer of these keys).
 
-Layout (``services.common.keys`` plus two keys under ``tao:predictor:``):
+Layout (``services.common.keys`` plus two keys under ``{tao}:predictor:``):
 
-* ``tao:predictor:log`` (list) — every applied event since the last snapshot, compact JSON,
+* ``{tao}:predictor:log`` (list) — every applied event since the last snapshot, compact JSON,
   appended in the same MULTI/EXEC that makes its ack durable;
-* ``tao:predictor:state`` (hash) — session id -> ``{"core": <core session state>, "seen":
+* ``{tao}:predictor:state`` (hash) — session id -> ``{"core": <core session state>, "seen":
   {call id: [contiguous-up-to, [extra sequences]]}}`` as of the last snapshot;
 * ``keys.PREDICTOR_HISTORY`` (hash) — history key -> core history state, as of the last snapshot;
 * ``keys.PREDICTIONS`` (hash) — session id -> ``PredictionRecord`` JSON (what readers use);
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 
 from services.common import keys
+from services.common.redis_client import publish_in, reload_slots, transaction
 
 LOG = f"{keys.PREFIX}:predictor:log"
 STATE = f"{keys.PREFIX}:predictor:state"
@@ -92,13 +93,25 @@ return 1
 
 
 class PredictorStore:
-    def __init__(self, redis: aioredis.Redis, epoch: str) -> None:
+    """``wait_replicas`` > 0: a write counts only once that many replicas have it (``WAIT``), so an
+    acknowledged event survives a Sentinel failover (docs/architecture.md#redis-cluster-and-sentinel)."""
+
+    def __init__(self, redis: aioredis.Redis, epoch: str, wait_replicas: int = 0, wait_timeout_s: float = 1.0) -> None:
         self.redis = redis
         self.epoch = epoch
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = max(1, round(wait_timeout_s * 1000))
         self._append = redis.register_script(_APPEND_LUA)
 
+    async def _replicated(self) -> None:
+        if self.wait_replicas > 0:
+            got = int(await self.redis.wait(self.wait_replicas, self.wait_timeout_ms))
+            if got < self.wait_replicas:
+                raise NotReplicated(f"the write reached {got} of {self.wait_replicas} replicas")
+
     async def load(self) -> Loaded:
-        async with self.redis.pipeline(transaction=True) as pipe:
+        async with await transaction(self.redis) as pipe:  # Cluster-safe (redis_client.transaction)
+            await reload_slots(self.redis)  # entering the pipeline awaited: a reload may be due again
             pipe.hgetall(STATE)
             pipe.hgetall(keys.PREDICTOR_HISTORY)
             pipe.lrange(LOG, 0, -1)
@@ -123,13 +136,16 @@ class PredictorStore:
             args += [str(len(batch.publish)), *batch.publish]
             if not await self._append(keys=[EPOCH, LOG, keys.PREDICTIONS], args=args):
                 raise EpochLost("the predictor's keys are gone from Redis")
+            await self._replicated()
             return
-        async with self.redis.pipeline(transaction=True) as pipe:
+        async with await transaction(self.redis) as pipe:  # Cluster-safe (redis_client.transaction)
+            await reload_slots(self.redis)  # entering the pipeline awaited: a reload may be due again
             if check_epoch:
                 await pipe.watch(EPOCH)
                 if await pipe.get(EPOCH) != self.epoch:
                     raise EpochLost("the predictor's keys are gone from Redis")
                 pipe.multi()  # type: ignore[no-untyped-call]
+                await reload_slots(self.redis)  # the awaits above may have let a reload fall due
             snap = batch.snapshot
             if snap is not None:
                 live = {k: v for k, v in snap.states.items() if v is not None}
@@ -150,9 +166,9 @@ class PredictorStore:
             if batch.predictions_deleted:
                 pipe.hdel(keys.PREDICTIONS, *batch.predictions_deleted)
             pipe.set(EPOCH, self.epoch)
-            for message in batch.publish:
-                pipe.publish(keys.READINESS_CHANNEL, message)
+            publish_in(pipe, EPOCH, keys.READINESS_CHANNEL, list(batch.publish))  # Cluster pipelines refuse PUBLISH
             await pipe.execute()
+        await self._replicated()
 
     async def epoch_present(self) -> bool:
         """False after Redis lost our data (restart without persistence, FLUSHALL)."""
@@ -161,3 +177,8 @@ class PredictorStore:
 
 class EpochLost(RuntimeError):
     """Redis no longer holds this writer's epoch: its data is gone."""
+
+
+class NotReplicated(RuntimeError):
+    """The write is on the master but fewer replicas than required confirmed it in time: it may
+    be lost in a failover, so it is not acknowledged; the caller rewrites its whole state."""

@@ -48,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--router-port", type=int, default=None, help="router HTTP port (default: a free one)")
     parser.add_argument("--report", type=Path, default=None, help="report folder (default: ./tao-report-<time>)")
     parser.add_argument("--no-workload", action="store_true", help="keep the stack up for your own agents")
+    parser.add_argument("--kv-events", action="store_true",
+                        help="the replicas publish vLLM KV events and the router subscribes (exact cache credit)")
 
 
 class _Stop(Exception):
@@ -204,10 +206,10 @@ def run(args: argparse.Namespace) -> int:
     require("report", "the live view and the report PNGs")
     from rich.console import Console
 
-    from sim.cluster.lower_bound import lower_bound
-    from sim.engine import get_profile
-    from sim.workload.generate import GenerateOptions, generate
-    from sim.workload.trace import write_trace
+    from services.sim.cluster.lower_bound import lower_bound
+    from services.sim.engine import get_profile
+    from services.sim.workload.generate import GenerateOptions, generate
+    from services.sim.workload.trace import write_trace
 
     console = Console()
     signal.signal(signal.SIGTERM, _raise_stop)
@@ -233,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
             cfg = StackConfig(replicas=args.replicas, profile=args.profile, policy=policy, time_scale=args.time_scale,
                               redis_url=args.redis_url, router_http_port=args.router_port,
                               num_gpu_blocks=args.num_gpu_blocks or None, total_budget=args.budget, tenants=tenants,
-                              log_dir=report_dir / "logs" / policy)
+                              log_dir=report_dir / "logs" / policy, kv_events=args.kv_events)
             stack = Stack(cfg)
             console.print(f"[bold]starting the stack[/] (policy {policy}, {args.replicas} × {args.profile}, "
                           f"time scale {args.time_scale}) …")

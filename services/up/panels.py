@@ -19,6 +19,8 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.common.stats import histogram_quantile
+
 Key = tuple[str, tuple[tuple[str, str], ...]]  # sample name, sorted labels
 
 
@@ -79,23 +81,6 @@ def _buckets(sc: Scrape, name: str) -> dict[float, float]:
     return out
 
 
-def quantile(q: float, buckets: dict[float, float]) -> float | None:
-    """``histogram_quantile`` on cumulative bucket counts (linear within a bucket)."""
-    edges = sorted(buckets)
-    if not edges or buckets[edges[-1]] <= 0:
-        return None
-    rank = q * buckets[edges[-1]]
-    lower, below = 0.0, 0.0
-    for le in edges:
-        count = buckets[le]
-        if count >= rank:
-            if math.isinf(le):
-                return lower
-            return lower + (le - lower) * ((rank - below) / (count - below) if count > below else 1.0)
-        lower, below = le, count
-    return lower
-
-
 def _windowed(scrapes: list[Scrape], name: str, stat: Callable[[dict[float, float], float, float], float | None]
               ) -> list[tuple[float, float]]:
     """``stat`` of the observations between consecutive scrapes (bucket deltas, sum, count)."""
@@ -116,7 +101,13 @@ def _total(sc: Scrape, name: str) -> float:
 
 
 def _q(q: float) -> Callable[[dict[float, float], float, float], float | None]:
-    return lambda buckets, s, c: quantile(q, buckets) if c > 0 else None
+    """``histogram_quantile(q, ...)`` (q in [0, 1], as PromQL writes it), None without observations."""
+
+    def stat(buckets: dict[float, float], s: float, c: float) -> float | None:
+        v = histogram_quantile(buckets.items(), q * 100.0)
+        return None if c <= 0 or math.isnan(v) else v
+
+    return stat
 
 
 def _mean(buckets: dict[float, float], s: float, c: float) -> float | None:

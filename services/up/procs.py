@@ -53,12 +53,6 @@ def check_port_free(port: int, what: str, host: str = "127.0.0.1") -> None:
             raise PortInUse(f"port {port} ({what}) is already in use") from exc
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Child:
     name: str

@@ -11,9 +11,9 @@ from typing import Any
 
 from services.driver.driver import DriverResult
 from services.driver.results import to_records
-from sim.cluster.metrics import BETTER, time_series
-from sim.cluster.plots import write_plots
-from sim.cluster.report import improvement_pct
+from services.sim.cluster.metrics import BETTER, time_series
+from services.sim.cluster.plots import write_plots
+from services.sim.cluster.report import improvement_pct
 
 
 def comparison(policies: Mapping[str, Mapping[str, Any]], main: str, baseline: str) -> dict[str, float | None]:
@@ -29,7 +29,7 @@ def comparison(policies: Mapping[str, Mapping[str, Any]], main: str, baseline: s
 def write_report(out_dir: Path, config: dict[str, Any], policies: dict[str, dict[str, Any]],
                  runs: Mapping[str, DriverResult], comparisons: dict[str, dict[str, float | None]],
                  lower_bound: Mapping[str, Any] | None = None, panels: Sequence[Path] = ()) -> Path:
-    """``lower_bound``: the trace's no-contention lower bound (``sim.cluster.lower_bound``);
+    """``lower_bound``: the trace's no-contention lower bound (``services.sim.cluster.lower_bound``);
     ``panels``: the dashboard panels' PNGs (``services/up/panels.py``), shown after the plots."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"config": config, "policies": policies, "comparison": comparisons}

@@ -4,6 +4,7 @@ N emulated vLLM replicas. Used by `tao up` and by end-to-end tests."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import signal
 import socket
@@ -13,8 +14,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from services.common.ports import free_port
 from services.common.testing import find_redis_binary
-from services.up.procs import Child, Supervisor, check_port_free, free_port, tao_argv
+from services.router.replicas import replica_id_for
+from services.up.procs import Child, Supervisor, check_port_free, tao_argv
 
 
 @dataclass
@@ -38,6 +41,9 @@ class StackConfig:
     env: dict[str, str] = field(default_factory=dict)
     #: log level of the four services
     log_level: str = "warning"
+    #: the replicas publish vLLM's KV events (ipc:// sockets in a temporary folder) and the
+    #: router subscribes to them: exact ``kv_events`` cache credit (docs/architecture.md#kv-events)
+    kv_events: bool = False
 
 
 @dataclass
@@ -55,13 +61,20 @@ class StackAddresses:
     metrics_urls: dict[str, str] = field(default_factory=dict)
 
 
-def _grpc_serving(address: str) -> bool:
+#: active/standby services (docs/architecture.md#high-availability): their own service name is
+#: SERVING only on the leader, so the stack waits for it (a restarted one leads once the lease
+#: of the process it replaces has expired)
+LEADER_SERVICE_NAMES = {"planner": "tao.planner.v1.PlannerService", "budget": "tao.budget.v1.BudgetService"}
+
+
+def _grpc_serving(address: str, service: str = "") -> bool:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     try:
         with grpc.insecure_channel(address) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
+                                                              timeout=1.0)
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
     except grpc.RpcError:
         return False
@@ -95,6 +108,10 @@ class Stack:
         #: gRPC ports of the services, router HTTP port, replica ports (fixed for restarts)
         self.ports: dict[str, int] = {}
         self.replica_ports: list[int] = []
+        #: per replica index, its KV-event endpoints (``kv_events`` only)
+        self.kv_sources: list[dict[str, str]] = []
+        self._kv_dir: str | None = None
+        self._routed: list[str] = []
 
     def _start_redis(self) -> str:
         binary = find_redis_binary()
@@ -117,6 +134,9 @@ class Stack:
                 env["TAO_ROUTER_HOLD_TIMEOUT_S"] = str(self.config.hold_timeout_s)
             if self.config.plan_hold_timeout_s is not None:
                 env["TAO_ROUTER_PLAN_HOLD_TIMEOUT_S"] = str(self.config.plan_hold_timeout_s)
+            if self._router_kv_events:
+                env["TAO_ROUTER_KV_EVENTS"] = json.dumps(self._router_kv_events)
+                env["TAO_ROUTER_KV_EVENTS_CREDIT"] = "true"
         return self.sup.spawn(name, tao_argv("serve", name, "--port", str(port), "--redis-url", redis_url,
                                              "--log-level", self.config.log_level, *extra), env)
 
@@ -142,10 +162,30 @@ class Stack:
             argv = ["vllm-sim", "--port", str(port), "--profile", cfg.profile, "--time-scale", str(cfg.time_scale)]
             if cfg.num_gpu_blocks:
                 argv += ["--num-gpu-blocks", str(cfg.num_gpu_blocks)]
+            if cfg.kv_events:
+                argv += ["--kv-events-config", json.dumps(self._kv_config(i))]
             replicas.append(self.sup.spawn(f"vllm-{i}", tao_argv(*argv)))
         if wait:
             self.wait_replicas()
         return [f"http://127.0.0.1:{p}" for p in self.replica_ports]
+
+    def _kv_config(self, i: int) -> dict[str, object]:
+        """vLLM's ``--kv-events-config`` of replica ``i``: ipc:// sockets (bound by the replica,
+        local to this machine) in a short temporary folder (socket paths are limited to ~100 bytes)."""
+        if self._kv_dir is None:
+            self._kv_dir = tempfile.mkdtemp(prefix="tao-kv-")
+        while len(self.kv_sources) <= i:
+            k = len(self.kv_sources)
+            self.kv_sources.append({"endpoint": f"ipc://{self._kv_dir}/vllm-{k}.pub",
+                                    "replay_endpoint": f"ipc://{self._kv_dir}/vllm-{k}.replay"})
+        return {"enable_kv_cache_events": True, "publisher": "zmq", **self.kv_sources[i]}
+
+    @property
+    def _router_kv_events(self) -> dict[str, dict[str, str]]:
+        """The router's ``kv_events`` setting: replica id (as the router derives it from the URL it
+        is given for replica i) -> that replica's endpoints."""
+        routed = self._routed
+        return {replica_id_for(routed[i]): src for i, src in enumerate(self.kv_sources) if i < len(routed)}
 
     def wait_replicas(self, timeout_s: float = 30.0) -> None:
         for i, port in enumerate(self.replica_ports):
@@ -176,12 +216,14 @@ class Stack:
             "budget": self._service("budget", ports["budget"], urls["budget"], "--metrics-port", str(mports["budget"])),
         }
         routed = list(router_replicas or replica_urls)
+        self._routed = routed
         router_extra = ["--http-port", str(http_port), "--policy", cfg.policy]
         for url in routed:
             router_extra += ["--replica", url]
         children["router"] = self._service("router", ports["router"], urls["router"], *router_extra)
         for name, child in children.items():
-            self.sup.wait_until(child, partial(_grpc_serving, f"127.0.0.1:{ports[name]}"), 30, "SERVING")
+            self.sup.wait_until(child, partial(_grpc_serving, f"127.0.0.1:{ports[name]}",
+                                               LEADER_SERVICE_NAMES.get(name, "")), 30, "SERVING")
         self.sup.wait_until(children["router"], lambda: http_ok(f"http://127.0.0.1:{http_port}/health"), 30,
                             "answering HTTP")
         self.addresses = StackAddresses(
@@ -218,7 +260,8 @@ class Stack:
             self.sup.wait_until(child, lambda: http_ok(f"http://127.0.0.1:{port}/health"), timeout_s, "healthy")
         else:
             address = f"127.0.0.1:{self.ports[name]}"
-            self.sup.wait_until(child, lambda: _grpc_serving(address), timeout_s, "SERVING")
+            leader_name = LEADER_SERVICE_NAMES.get(name, "")
+            self.sup.wait_until(child, lambda: _grpc_serving(address, leader_name), timeout_s, "SERVING")
             if name == "router":
                 url = f"http://127.0.0.1:{self.ports['router_http']}/health"
                 self.sup.wait_until(child, lambda: http_ok(url), timeout_s, "answering HTTP")
@@ -251,3 +294,6 @@ class Stack:
         if self._redis_dir:
             shutil.rmtree(self._redis_dir, ignore_errors=True)
             self._redis_dir = None
+        if self._kv_dir:
+            shutil.rmtree(self._kv_dir, ignore_errors=True)
+            self._kv_dir = None

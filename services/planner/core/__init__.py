@@ -5,9 +5,9 @@ the ``Policy`` protocol and the registry (``POLICIES``, ``make_policy``). See
 docs/algorithms.md and each module's docstring.
 """
 
+from services.common.core.evidence import CacheEvidence
 from services.planner.core.model import (
     Assignment,
-    CreditEvidence,
     Objective,
     Plan,
     ReplicaState,
@@ -21,7 +21,7 @@ from services.planner.core.registry import POLICIES, UnknownPolicyError, make_po
 __all__ = [
     "POLICIES",
     "Assignment",
-    "CreditEvidence",
+    "CacheEvidence",
     "Objective",
     "Plan",
     "Policy",

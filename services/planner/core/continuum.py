@@ -55,7 +55,7 @@ Mapping onto our snapshot (program = session; pin = an admitted ACTING session; 
 - PrefillReload: c0 + c1·n + c2·n² seconds for n = ``context_tokens`` (``footprint_tokens``
   when 0). Defaults c1 = 5.10e-5 s/token, c2 = 1.18e-9 s/token², c0 = 0: the paper's §5.2
   recipe (prefill for 1k, 2k, 4k, … tokens, quadratic fit) applied to this repository's
-  qwen3-32b-h100x2 engine model (sim/engine/step_time.py, 8192-token chunks, 1k–128k tokens);
+  qwen3-32b-h100x2 engine model (services/sim/engine/step_time.py, 8192-token chunks, 1k–128k tokens);
   about 19.6k tokens/s for short contexts.
 - T: mean of the last ``queue_window`` (100; the paper gives no size) pool waits of sessions this
   policy had unpinned, measured when it admits them again. η from the turns seen per session
@@ -63,6 +63,9 @@ Mapping onto our snapshot (program = session; pin = an admitted ACTING session; 
 - Placement (not in the paper: one engine): the session's last replica when it fits, else the
   healthy replica with the most room; the deadlock rule picks the replica needing the fewest
   unpins. Tenant headroom skips a tenant's sessions once its slots are used (not a memory stop).
+  Only replicas serving the session's model are considered, and head-of-line blocking is per
+  model (a blocked head of one model's queue does not hold back another model's sessions; an
+  unnamed model, ``""``, blocks every queue, as with one engine).
 """
 
 from __future__ import annotations
@@ -268,19 +271,23 @@ class ContinuumPolicy:
         headroom = dict(snapshot.tenant_headroom) if snapshot.tenant_headroom else {}
         queue = sorted((s for s in pool_candidates(snapshot) if s.phase == "WAITING"),
                        key=lambda s: (self._arrival[s.id], s.id))
-        largest = max((r.capacity_tokens for r in healthy.values()), default=0)
         assigned: dict[str, str] = {}
+        blocked: set[str] = set()  # models whose queue head does not fit
         for s in queue:
             if s.tenant in headroom and headroom[s.tenant] <= 0:
                 continue
+            if s.model in blocked or "" in blocked:
+                continue
             need = s.footprint_tokens
-            if need > largest:
+            serving = {rid: free for rid, free in room.items() if healthy[rid].serves(s)}
+            if need > max((healthy[rid].capacity_tokens for rid in serving), default=0):
                 continue  # can never fit (vLLM rejects it at arrival); it must not block the queue
-            target = self._place(s, room)
+            target = self._place(s, serving)
             if target is None:
-                target = self._place_unpinning(need, room, pinned)
+                target = self._place_unpinning(need, serving, pinned)
                 if target is None:
-                    break
+                    blocked.add(s.model)
+                    continue
                 victims = self._victims_needed(need, room[target], pinned.get(target, []))
                 unpin(target, victims)
             assigned[s.id] = target

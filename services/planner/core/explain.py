@@ -19,7 +19,7 @@ class ReplicaValue:
     replica: str
     credit_tokens: int  # decayed k(s, n)
     free_tokens: int  # admissible before this plan's admissions (after its pauses)
-    eligible: bool  # healthy and the footprint fits the free tokens
+    eligible: bool  # healthy, serves the session's model and the footprint fits the free tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,8 @@ def explain(snapshot: Snapshot, plan: Plan, session_id: str, values: ValueConfig
     rows = []
     for j, r in enumerate(replicas):
         free = max(0, r.capacity_tokens - r.used_tokens + freed.get(r.id, 0)) if r.healthy else 0
-        rows.append(ReplicaValue(r.id, int(credit[j]), free, r.healthy and ses.footprint_tokens <= free))
+        rows.append(ReplicaValue(r.id, int(credit[j]), free,
+                                 r.healthy and r.serves(ses) and ses.footprint_tokens <= free))
     unit = plan.unit_tokens
     needed = -(-ses.footprint_tokens // unit) if unit > 0 else ses.footprint_tokens
     placed = {a.session: a.replica for a in plan.assignments}
@@ -76,8 +77,11 @@ def explain(snapshot: Snapshot, plan: Plan, session_id: str, values: ValueConfig
         reason = f"not a candidate: phase {ses.phase}"
     elif not any(r.healthy for r in replicas):
         reason = "no healthy replica"
+    elif not any(r.healthy and r.serves(ses) for r in replicas):
+        reason = f"no healthy replica serves model {ses.model!r}"
     elif not any(v.eligible for v in rows):
-        best = max(rows, key=lambda v: (v.free_tokens, v.replica))
+        serving = {r.id for r in replicas if r.serves(ses)}
+        best = max((v for v in rows if v.replica in serving), key=lambda v: (v.free_tokens, v.replica))
         reason = (f"fits nowhere: needs {ses.footprint_tokens} tokens, the most free is {best.free_tokens} "
                   f"on {best.replica}")
     elif snapshot.tenant_headroom and snapshot.tenant_headroom.get(ses.tenant, 1) <= 0:

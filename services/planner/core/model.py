@@ -12,7 +12,9 @@ Invariants checked by ``Snapshot.validate`` (and therefore by ``from_json``):
 - every token count is an ``int`` >= 0 (``bool`` is not an int here); times are finite;
 - ``phase`` is one of ``PHASES``; an admitted session names a known replica;
 - every credit names a known replica, ``kind`` is one of ``EVIDENCE_KINDS``;
-- ``tenant_headroom`` values are integers >= 0.
+- ``tenant_headroom`` values are integers >= 0;
+- a replica's ``models`` are non-empty strings and its ``block_size`` an integer >= 1; a
+  session's ``model`` is a string (``""``: any replica serves it, ``serves_model``).
 ``used_tokens`` may exceed ``capacity_tokens``: that is the over-capacity state the pause
 policy resolves.
 """
@@ -20,11 +22,12 @@ policy resolves.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.vocabulary import EVIDENCE_KINDS, PHASES
+from services.common.core.evidence import CacheEvidence
+from services.common.vocabulary import DEFAULT_BLOCK_SIZE, EVIDENCE_KINDS, PHASES, Phase, serves_model
 
 
 class SnapshotError(ValueError):
@@ -32,24 +35,10 @@ class SnapshotError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class CreditEvidence:
-    """Evidence that ``tokens`` of a session's context were resident on ``replica``.
-
-    For ``kind == "volume"`` ``tokens`` is the token volume processed for the session on the
-    replica; the planner multiplies it by the replica's ``prefix_hit_rate``
-    (docs/algorithms.md#cache-credit, level 3).
-    For the other kinds ``tokens`` is k0 itself.
-    """
-
-    replica: str
-    tokens: int
-    observed_at_s: float
-    kind: str = "cached_tokens"
-
-
-@dataclass(frozen=True, slots=True)
 class ReplicaState:
-    """A replica; ``capacity_tokens`` already has the utilisation target applied."""
+    """A replica; ``capacity_tokens`` already has the utilisation target applied. ``models``
+    are the names its ``/v1/models`` lists; ``block_size`` its KV block size in tokens
+    (``vllm:cache_config_info``; ``DEFAULT_BLOCK_SIZE`` when it has not said)."""
 
     id: str
     capacity_tokens: int
@@ -58,6 +47,12 @@ class ReplicaState:
     running: int = 0
     waiting: int = 0
     prefix_hit_rate: float = 0.0
+    models: tuple[str, ...] = ()
+    block_size: int = DEFAULT_BLOCK_SIZE
+
+    def serves(self, session: SessionState) -> bool:
+        """``session`` may be placed here as far as its model goes (``serves_model``)."""
+        return serves_model(self.models, session.model)
 
     @property
     def free_tokens(self) -> int:
@@ -73,8 +68,8 @@ class SessionState:
     tenant: str
     footprint_tokens: int
     ready: bool
-    credits: tuple[CreditEvidence, ...] = ()
-    phase: str = "WAITING"
+    credits: tuple[CacheEvidence, ...] = ()
+    phase: Phase = "WAITING"
     replica: str | None = None
     admitted: bool = False
     context_tokens: int = 0
@@ -84,6 +79,61 @@ class SessionState:
     """Predicted time (snapshot clock) the running tool returns; None = no fresh prediction
     (or no tool running). Readiness is this within the horizon; policies that order by
     return time (Belady pauses, Continuum's TTL) read it directly."""
+    model: str = ""
+    """The model its requests name; only replicas serving it are eligible (``""``: any)."""
+
+
+def replica_view(
+    id: str,
+    capacity_tokens: int,
+    used_tokens: int,
+    *,
+    eligible: bool,
+    running: int,
+    waiting: int,
+    prefix_hit_rate: float,
+    models: Iterable[str],
+    block_size: int,
+) -> ReplicaState:
+    """A replica's planning view: the one builder behind the router core's snapshot
+    (``services.router.core.snapshot``, live state) and the planner's snapshot from Redis
+    records (``services.planner.convert``). ``eligible``: the replica may take new sessions
+    (``healthy`` here); ``used_tokens`` floored at 0; the hit rate clamped to [0, 1]; unnamed
+    models dropped. ``capacity_tokens`` has the utilisation target applied already."""
+    return ReplicaState(
+        id=id, capacity_tokens=capacity_tokens, used_tokens=max(0, used_tokens), healthy=eligible,
+        running=running, waiting=waiting, prefix_hit_rate=min(1.0, max(0.0, prefix_hit_rate)),
+        models=tuple(m for m in models if m), block_size=block_size,
+    )
+
+
+def session_view(
+    id: str,
+    tenant: str,
+    *,
+    known_replicas: Container[str],
+    footprint_tokens: int,
+    ready: bool,
+    evidence: Iterable[CacheEvidence],
+    phase: Phase,
+    replica: str | None,
+    admitted: bool,
+    context_tokens: int,
+    acting_since_s: float | None,
+    waiting_since_s: float | None,
+    tool_return_s: float | None,
+    model: str,
+) -> SessionState:
+    """A session's planning view, the one builder behind both snapshots (see ``replica_view``):
+    a session admitted on a replica that is not in ``known_replicas`` is back in the pool (no
+    replica), and evidence about such replicas is left out."""
+    placed = admitted and replica in known_replicas
+    return SessionState(
+        id=id, tenant=tenant, footprint_tokens=footprint_tokens, ready=ready,
+        credits=tuple(e for e in evidence if e.replica in known_replicas), phase=phase,
+        replica=replica if placed else None, admitted=placed, context_tokens=context_tokens,
+        acting_since_s=acting_since_s, waiting_since_s=waiting_since_s, tool_return_s=tool_return_s, model=model,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +163,10 @@ class Snapshot:
             rate = rep.prefix_hit_rate
             if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0.0 <= rate <= 1.0:
                 raise SnapshotError(f"{where}.prefix_hit_rate: expected a number in [0, 1], got {rate!r}")
+            if not isinstance(rep.models, tuple) or not all(isinstance(m, str) and m for m in rep.models):
+                raise SnapshotError(f"{where}.models: expected a list of non-empty strings, got {rep.models!r}")
+            if isinstance(rep.block_size, bool) or not isinstance(rep.block_size, int) or rep.block_size < 1:
+                raise SnapshotError(f"{where}.block_size: expected an integer >= 1, got {rep.block_size!r}")
         session_ids: set[str] = set()
         for i, ses in enumerate(self.sessions):
             where = f"sessions[{i}]"
@@ -122,6 +176,8 @@ class Snapshot:
             session_ids.add(ses.id)
             if not isinstance(ses.tenant, str):
                 raise SnapshotError(f"{where}.tenant: expected a string, got {ses.tenant!r}")
+            if not isinstance(ses.model, str):
+                raise SnapshotError(f"{where}.model: expected a string, got {ses.model!r}")
             _check_tokens(f"{where}.footprint_tokens", ses.footprint_tokens)
             _check_tokens(f"{where}.context_tokens", ses.context_tokens)
             _check_bool(f"{where}.ready", ses.ready)
@@ -140,7 +196,7 @@ class Snapshot:
                 cw = f"{where}.credits[{j}]"
                 if cred.replica not in replica_ids:
                     raise SnapshotError(f"{cw}.replica: unknown replica {cred.replica!r}")
-                _check_tokens(f"{cw}.tokens", cred.tokens)
+                _check_tokens(f"{cw}.tokens", cred.credit_tokens)
                 _check_time(f"{cw}.observed_at_s", cred.observed_at_s)
                 if cred.kind not in EVIDENCE_KINDS:
                     raise SnapshotError(
@@ -184,6 +240,8 @@ class Snapshot:
                     "running": r.running,
                     "waiting": r.waiting,
                     "prefix_hit_rate": r.prefix_hit_rate,
+                    "models": list(r.models),
+                    "block_size": r.block_size,
                 }
                 for r in self.replicas
             ],
@@ -194,7 +252,7 @@ class Snapshot:
                     "footprint_tokens": s.footprint_tokens,
                     "ready": s.ready,
                     "credits": [
-                        {"replica": c.replica, "tokens": c.tokens, "observed_at_s": c.observed_at_s, "kind": c.kind}
+                        {"replica": c.replica, "tokens": c.credit_tokens, "observed_at_s": c.observed_at_s, "kind": c.kind}
                         for c in s.credits
                     ],
                     "phase": s.phase,
@@ -204,6 +262,7 @@ class Snapshot:
                     "acting_since_s": s.acting_since_s,
                     "waiting_since_s": s.waiting_since_s,
                     "tool_return_s": s.tool_return_s,
+                    "model": s.model,
                 }
                 for s in self.sessions
             ],
@@ -309,6 +368,9 @@ def _replica_from_json(where: str, data: Any) -> ReplicaState:
         running=_int(f"{where}.running", obj.get("running", 0)),
         waiting=_int(f"{where}.waiting", obj.get("waiting", 0)),
         prefix_hit_rate=_number(f"{where}.prefix_hit_rate", obj.get("prefix_hit_rate", 0.0)),
+        models=tuple(_str(f"{where}.models[{k}]", m)
+                     for k, m in enumerate(_list(f"{where}.models", obj.get("models", [])))),
+        block_size=_int(f"{where}.block_size", obj.get("block_size", DEFAULT_BLOCK_SIZE)),
     )
 
 
@@ -328,19 +390,20 @@ def _session_from_json(where: str, data: Any) -> SessionState:
         footprint_tokens=_int(f"{where}.footprint_tokens", _req(obj, "footprint_tokens", where)),
         ready=_bool(f"{where}.ready", _req(obj, "ready", where)),
         credits=credits,
-        phase=_str(f"{where}.phase", obj.get("phase", "WAITING")),
+        phase=_phase(f"{where}.phase", obj.get("phase", "WAITING")),
         replica=None if replica is None or replica == "" else _str(f"{where}.replica", replica),
         admitted=_bool(f"{where}.admitted", obj.get("admitted", False)),
         context_tokens=_int(f"{where}.context_tokens", obj.get("context_tokens", 0)),
         acting_since_s=None if acting is None else _number(f"{where}.acting_since_s", acting),
         waiting_since_s=None if waiting is None else _number(f"{where}.waiting_since_s", waiting),
         tool_return_s=None if returns is None else _number(f"{where}.tool_return_s", returns),
+        model=_str(f"{where}.model", obj.get("model", "")),
     )
 
 
-def _credit_from_json(where: str, data: Any) -> CreditEvidence:
+def _credit_from_json(where: str, data: Any) -> CacheEvidence:
     obj = _mapping(where, data)
-    return CreditEvidence(
+    return CacheEvidence.of_credit(
         replica=_str(f"{where}.replica", _req(obj, "replica", where)),
         tokens=_int(f"{where}.tokens", _req(obj, "tokens", where)),
         observed_at_s=_number(f"{where}.observed_at_s", _req(obj, "observed_at_s", where)),
@@ -370,6 +433,13 @@ def _str(where: str, value: Any) -> str:
     if not isinstance(value, str):
         raise SnapshotError(f"{where}: expected a string, got {value!r}")
     return value
+
+
+def _phase(path: str, value: Any) -> Phase:
+    for phase in PHASES:
+        if value == phase:
+            return phase
+    raise SnapshotError(f"{path}: expected one of {', '.join(PHASES)}, got {value!r}")
 
 
 def _bool(where: str, value: Any) -> bool:
@@ -421,11 +491,12 @@ __all__ = [
     "EVIDENCE_KINDS",
     "PHASES",
     "Assignment",
-    "CreditEvidence",
     "Objective",
     "Plan",
     "ReplicaState",
     "SessionState",
     "Snapshot",
     "SnapshotError",
+    "replica_view",
+    "session_view",
 ]

@@ -13,7 +13,9 @@ A policy turns a ``Snapshot`` into a ``Plan``. Two kinds
   replica; nothing else routed.
 
 Candidates are pool sessions (``admitted`` False) in WAITING, ACTING or PAUSED; RUNNING and
-ENDED ones are never placed. Every list a policy walks is sorted by id first, so plans do
+ENDED ones are never placed. Every policy places a session only on a replica that serves its
+model (``serving_mask``; a per-request router leaves a request no healthy replica serves
+unrouted). Every list a policy walks is sorted by id first, so plans do
 not depend on the order of the snapshot's lists.
 
 Tenant headroom (``Snapshot.tenant_headroom``, from the budget service) caps how many
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+import numpy.typing as npt
 
 from services.planner.core.model import Assignment, Objective, Plan, ReplicaState, SessionState, Snapshot
 from services.planner.core.values import FULL_VALUES, ValueConfig, credit_matrix, fold_values, objective_of
@@ -56,7 +59,10 @@ HOLDS_REQUEST = frozenset({"RUNNING", "WAITING"})  # admitted sessions whose req
 
 @runtime_checkable
 class Policy(Protocol):
-    """The planner core API (docs/architecture.md#planner-core-api): ``plan`` is a function of the snapshot and the policy's own history."""
+    """The planner core API (docs/architecture.md#planner-core-api): ``plan`` is a function of the snapshot and the policy's own history.
+
+    Optional attribute ``fast_admit`` (default False): the router core may admit a pool
+    session itself when nothing contends (``CoreConfig.fast_admit``)."""
 
     name: str
     gates_admission: bool
@@ -67,6 +73,17 @@ class Policy(Protocol):
 
 def sorted_replicas(snapshot: Snapshot) -> tuple[ReplicaState, ...]:
     return tuple(sorted(snapshot.replicas, key=lambda r: r.id))
+
+
+def serving_mask(sessions: Sequence[SessionState], replicas: Sequence[ReplicaState]) -> npt.NDArray[np.bool_]:
+    """(m, n): replica n serves session m's model (``ReplicaState.serves``). Every policy
+    places a session only where this holds, on top of its own health and capacity rules."""
+    out = np.ones((len(sessions), len(replicas)), dtype=np.bool_)
+    if not any(s.model for s in sessions):
+        return out
+    for j, r in enumerate(replicas):
+        out[:, j] = [r.serves(s) for s in sessions]
+    return out
 
 
 def pool_candidates(snapshot: Snapshot) -> tuple[SessionState, ...]:

@@ -17,6 +17,13 @@ runs every registered name through the same invariants.
 | tao-belady       | yes   | as tao, plus predicted tool return times     | as tao, pausing the furthest predicted return first | tao lever (Belady) |
 | tao-no-spread    | yes   | as tao                                       | as tao, no compute-load tie-break                | tao ablation |
 | tao-senior       | yes   | as tao, plus when each session was first seen | as tao, ready sessions of the older half count twice | tao lever (after Continuum's program FCFS) |
+| tao-fast         | yes   | as tao                                       | as tao, and the router admits a pool session's request at once when no other pool session holds one and a serving replica has room (no planner round trip) | tao lever |
+| tao-reclaim      | yes   | as tao                                       | as tao, and a ready session that does not fit may take the KV reservation of an admitted session whose tool is not predicted back | tao lever (the opposite of Continuum's TTL pinning) |
+| tao-ttl          | yes   | as tao, plus predicted tool return times and context tokens | as tao-reclaim, but only from sessions whose Continuum TTL (d·ln(B/d), B = prefill reload) has run out | tao lever (Continuum's TTL inside TAO's objective, arXiv 2511.02230) |
+| tao-ttl-q        | yes   | as tao-ttl, plus the pool waits of the sessions it reclaimed | as tao-ttl, with Continuum's queueing term T·η in the TTL's benefit | tao lever (arXiv 2511.02230 §4.2) |
+| tao-ttl-long     | yes   | as tao-ttl                                   | as tao-ttl, only from tools predicted to run ≥ 10 s more | tao lever |
+| tao-hold-cost    | yes   | as tao-reclaim, plus how long left-out sessions were held and context tokens | as tao-reclaim, and once a held session has waited the prefill time of an ACTING incumbent's context, that incumbent's reservation may be taken even if its tool is predicted back | tao lever (ski rental: hold vs recompute) |
+| tao-overcommit   | yes   | as tao                                       | as tao, and the router admits a pool session whose request was held as long as its prompt's prefill takes, over capacity (≤ 1.4×), into the reservations of sessions idle at least as long as their own prefill | tao lever (ski rental: hold vs recompute) |
 | sjf              | yes   | footprint (credit only to pick the replica)  | shortest footprint first, tao-paper's pauses     | TAO paper's DP comparison |
 | thunderagent     | yes   | program tokens (acting weighted), buffers    | tick every 5 s: resume reasoning→new→acting, BFD onto the roomiest replica; pause smallest acting first, mark reasoning | ThunderAgent scheduler/router.py |
 | continuum        | yes   | program arrival, tool-return prediction, context tokens | program-level FCFS with head-of-line blocking; pin each tool call's KV for TTL τ* = argmax P(τ)·(T·η + prefill) − τ, unpin on expiry or (latest arrival first) when the queue head does not fit | arXiv 2511.02230 §4, Hanchenli/vllm-continuum |
@@ -54,6 +61,13 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "tao-belady": lambda: TaoPolicy("tao-belady", replace(TAO, pause_order="belady")),
     "tao-no-spread": lambda: TaoPolicy("tao-no-spread", replace(TAO, spread=False)),
     "tao-senior": lambda: TaoPolicy("tao-senior", replace(TAO, objective="senior")),
+    "tao-fast": lambda: TaoPolicy("tao-fast", replace(TAO, fast_admit=True)),
+    "tao-reclaim": lambda: TaoPolicy("tao-reclaim", replace(TAO, reclaim=True)),
+    "tao-ttl": lambda: TaoPolicy("tao-ttl", replace(TAO, ttl=True)),
+    "tao-ttl-long": lambda: TaoPolicy("tao-ttl-long", replace(TAO, ttl=True, ttl_min_remaining_s=10.0)),
+    "tao-hold-cost": lambda: TaoPolicy("tao-hold-cost", replace(TAO, reclaim=True, hold_cost=True)),
+    "tao-overcommit": lambda: TaoPolicy("tao-overcommit", replace(TAO, overcommit=True)),
+    "tao-ttl-q": lambda: TaoPolicy("tao-ttl-q", replace(TAO, ttl=True, ttl_queue=True)),
     "round_robin": RoundRobinPolicy,
     "least_loaded": LeastLoadedPolicy,
     "cache_aware": CacheAwarePolicy,

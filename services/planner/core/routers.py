@@ -1,11 +1,14 @@
 """Per-request routers (not admission-gating, not sticky): round_robin, least_loaded, cache_aware.
 
 Each routes every held request (pool session in WAITING) at once, in arrival order
-(``waiting_since_s``, then id), to one healthy replica, whatever its capacity — vLLM queues
-what does not fit. They never pause. ``Plan.objective`` is still measured with TAO's values.
+(``waiting_since_s``, then id), to one healthy replica serving the session's model
+(``ReplicaState.serves``; a request no healthy replica serves stays unrouted), whatever its
+capacity — vLLM queues what does not fit. They never pause. ``Plan.objective`` is still
+measured with TAO's values.
 
-- ``round_robin`` (vLLM production-stack / Dynamo ``--router-mode round-robin``): healthy
-  replicas in id order, one cursor that persists across plans. Sees only replica health.
+- ``round_robin`` (vLLM production-stack / Dynamo ``--router-mode round-robin``): the healthy
+  replicas serving the model, in id order, one cursor that persists across plans. Sees only
+  replica health and models.
 - ``least_loaded``: the healthy replica with the fewest requests (running + waiting from
   ``/metrics`` + requests this plan already sent there); ties by fewer used tokens, then id.
   Sees request counts.
@@ -24,7 +27,7 @@ what does not fit. They never pause. ``Plan.objective`` is still measured with T
   no time decay. Here it is the session's strongest evidence k0 on the replica
   (``raw_credit_matrix``: ``kv_events`` first), in whole blocks, capped at the input: a
   snapshot built with KV events (the simulator's per-request router,
-  ``sim.cluster.kv_events``) carries exactly that overlap; without them (the live router,
+  ``services.sim.cluster.kv_events``) carries exactly that overlap; without them (the live router,
   which sees no KV events) the fallback is the router's usage evidence (``cached_tokens``,
   then ``volume``), which cannot see shared prefixes and stays at the last context after
   eviction. *Active blocks* are Dynamo's ``ActiveSequences`` count
@@ -34,7 +37,9 @@ what does not fit. They never pause. ``Plan.objective`` is still measured with T
   request held-and-routed or in flight on the replica (each leaves at its request's end),
   plus what this plan already routed there (Dynamo's ``add_request`` after each selection).
   Input tokens are the session's ``context_tokens`` (the next prompt less its unknown
-  append; the footprint before any request completed).
+  append; the footprint before any request completed). Block size: each replica's own
+  (``ReplicaState.block_size``, from its ``vllm:cache_config_info``; Dynamo takes one
+  ``--kv-cache-block-size`` for the fleet), unless the policy is built with ``block_tokens``.
   Deviations, for want of snapshot fields: Dynamo dedups active blocks shared between
   requests on a worker (``--router-assume-kv-reuse``) and, with
   ``--router-track-prefill-tokens``, adds the worker's outstanding prefill tokens to the
@@ -57,8 +62,6 @@ from services.planner.core.policy import (
     start_time,
 )
 from services.planner.core.values import raw_credit_matrix
-
-BLOCK_TOKENS = 16  # vLLM's default KV block size; Dynamo's --kv-cache-block-size must match it
 
 
 def held_requests(snapshot: Snapshot) -> list[SessionState]:
@@ -106,7 +109,10 @@ class RoundRobinPolicy(_Router):
     def _route(self, snapshot: Snapshot, healthy: list[ReplicaState], held: list[SessionState]) -> list[Assignment]:
         out = []
         for s in held:
-            out.append(Assignment(s.id, healthy[self._cursor % len(healthy)].id))
+            serving = [r for r in healthy if r.serves(s)]
+            if not serving:
+                continue
+            out.append(Assignment(s.id, serving[self._cursor % len(serving)].id))
             self._cursor += 1
         return out
 
@@ -118,7 +124,10 @@ class LeastLoadedPolicy(_Router):
         load = {r.id: r.running + r.waiting for r in healthy}
         out = []
         for s in held:
-            target = min(healthy, key=lambda r: (load[r.id], r.used_tokens, r.id))
+            target = min((r for r in healthy if r.serves(s)), key=lambda r: (load[r.id], r.used_tokens, r.id),
+                         default=None)
+            if target is None:
+                continue
             load[target.id] += 1
             out.append(Assignment(s.id, target.id))
         return out
@@ -127,29 +136,35 @@ class LeastLoadedPolicy(_Router):
 class CacheAwarePolicy(_Router):
     name = "cache_aware"
 
-    def __init__(self, overlap_score_weight: float = 1.0, block_tokens: int = BLOCK_TOKENS,
+    def __init__(self, overlap_score_weight: float = 1.0, block_tokens: int | None = None,
                  stopwatch: Stopwatch | None = None) -> None:
+        """``block_tokens`` None: each replica's own block size (``ReplicaState.block_size``)."""
         super().__init__(stopwatch)
         self.overlap_score_weight = overlap_score_weight
         self.block_tokens = block_tokens
 
     def _route(self, snapshot: Snapshot, healthy: list[ReplicaState], held: list[SessionState]) -> list[Assignment]:
-        bt = self.block_tokens
+        block = {r.id: self.block_tokens or r.block_size for r in healthy}
         k0, _ = raw_credit_matrix(held, healthy)
-        active = {r.id: math.ceil(r.used_tokens / bt) for r in healthy}
+        active = {r.id: math.ceil(r.used_tokens / block[r.id]) for r in healthy}
         out = []
         for i, s in enumerate(held):
             input_tokens = s.context_tokens if s.context_tokens > 0 else s.footprint_tokens
-            request_blocks = math.ceil(input_tokens / bt)
-            best: tuple[float, int, str] | None = None
+            best: tuple[float, int, str, int] | None = None
             for j, r in enumerate(healthy):
+                if not r.serves(s):
+                    continue
+                bt = block[r.id]
+                request_blocks = math.ceil(input_tokens / bt)
                 overlap_blocks = min(int(k0[i, j]), input_tokens) // bt
                 prefill_blocks = (input_tokens - overlap_blocks * bt) / bt
                 decode_blocks = active[r.id] + request_blocks
-                key = (self.overlap_score_weight * prefill_blocks + decode_blocks, active[r.id], r.id)
+                key = (self.overlap_score_weight * prefill_blocks + decode_blocks, active[r.id], r.id,
+                       request_blocks)
                 if best is None or key < best:
                     best = key
-            assert best is not None
-            active[best[2]] += request_blocks
+            if best is None:
+                continue
+            active[best[2]] += best[3]
             out.append(Assignment(s.id, best[2]))
         return out

@@ -30,6 +30,10 @@ What it decides:
      resumed.
 - A request that waited longer than ``force_resume_after_s`` (30 min) is force-resumed to
   its previous replica (or the one with the fewest programs) regardless of capacity.
+
+Models (not in the published scheduler, whose backends all serve one model): a program goes
+only to a replica serving its model (``ReplicaState.serves``); the resume capacity is summed
+per model over the replicas serving it, and best fit picks the roomiest serving replica.
 """
 
 from __future__ import annotations
@@ -84,7 +88,7 @@ class ThunderAgentPolicy:
         fresh_ids = {s.id for s in fresh}
         queue_busy = any(s.id not in fresh_ids for s in pool)
         for s in sorted(fresh, key=lambda s: (s.waiting_since_s or snapshot.now_s, s.id)):
-            target = None if queue_busy else ledger.least_active_with_room(s.footprint_tokens)
+            target = None if queue_busy else ledger.least_active_with_room(s)
             if target is None:
                 queue_busy = True
                 continue
@@ -119,9 +123,11 @@ class ThunderAgentPolicy:
         buf = self.config.buffer_tokens
         caps = {rid: rem for rid, rem in ledger.remaining(decayed=self.config.use_acting_token_decay).items()
                 if rem > buf}
-        total = sum(caps.values())
-        if not caps or total <= 0 or not waiting:
+        if not caps or sum(caps.values()) <= 0 or not waiting:
             return []
+        reps = ledger.replicas
+        totals: dict[str, int] = {}  # per model: capacity of the replicas serving it
+        cumulative: dict[str, int] = {}
 
         def group(s: SessionState) -> int:
             if not s.credits:
@@ -129,12 +135,13 @@ class ThunderAgentPolicy:
             return 0 if s.phase == "WAITING" else 2  # reasoning (pending request) / acting
 
         picked: list[SessionState] = []
-        cumulative = 0
         for s in sorted(waiting, key=lambda s: (group(s), s.footprint_tokens, s.id)):
             need = s.footprint_tokens + buf
-            if cumulative + need <= total:
+            if s.model not in totals:
+                totals[s.model] = sum(room for rid, room in caps.items() if reps[rid].serves(s))
+            if cumulative.get(s.model, 0) + need <= totals[s.model]:
                 picked.append(s)
-                cumulative += need
+                cumulative[s.model] = cumulative.get(s.model, 0) + need
         if not picked:
             return []
         picked.sort(key=lambda s: (-s.footprint_tokens, s.id))
@@ -145,17 +152,18 @@ class ThunderAgentPolicy:
             if not bins or smallest_need > bins[0][1]:
                 break
             need = s.footprint_tokens + buf
-            if need > bins[0][1]:
+            at = next((k for k, (rid, _) in enumerate(bins) if reps[rid].serves(s)), None)
+            if at is None or need > bins[at][1]:
                 continue
-            rid, room = bins[0]
+            rid, room = bins[at]
             out.append((s.id, rid))
             ledger.add(rid, s, resumed=True)
             room -= need
             if room > buf:
-                bins[0] = (rid, room)
+                bins[at] = (rid, room)
                 bins.sort(key=lambda kv: (-kv[1], kv[0]))
             else:
-                bins.pop(0)
+                bins.pop(at)
         return out
 
     def _overdue(self, snapshot: Snapshot, pool: tuple[SessionState, ...], assigned: dict[str, str],
@@ -163,7 +171,7 @@ class ThunderAgentPolicy:
         limit = self.config.force_resume_after_s
         if limit is None or not healthy:
             return []
-        ids = {r.id for r in healthy}
+        by_id = {r.id: r for r in healthy}
         counts = {r.id: 0 for r in healthy}
         for s in snapshot.sessions:
             if s.admitted and s.replica in counts:
@@ -173,7 +181,10 @@ class ThunderAgentPolicy:
             if s.id in assigned or s.phase != "WAITING" or s.waiting_since_s is None:
                 continue
             if snapshot.now_s - s.waiting_since_s > limit:
-                rid = s.replica if s.replica in ids else min(counts, key=lambda r: (counts[r], r))
+                serving = [r for r in counts if by_id[r].serves(s)]
+                if not serving:
+                    continue
+                rid = s.replica if s.replica in serving else min(serving, key=lambda r: (counts[r], r))
                 counts[rid] = counts.get(rid, 0) + 1
                 out.append((s.id, rid))
         return out
@@ -185,6 +196,7 @@ class _Ledger:
     def __init__(self, snapshot: Snapshot, healthy: list[ReplicaState], cfg: ThunderAgentConfig) -> None:
         self.cfg = cfg
         self.now_s = snapshot.now_s
+        self.replicas = {r.id: r for r in healthy}
         self.capacity = {r.id: r.capacity_tokens for r in healthy}
         # Load that is not an admitted session (the router's "unknown load") stays as is.
         self.base = {r.id: r.used_tokens for r in healthy}
@@ -215,9 +227,10 @@ class _Ledger:
     def remaining(self, decayed: bool = False) -> dict[str, int]:
         return {rid: int(self.capacity[rid] - self.used(rid, decayed)) for rid in self.capacity}
 
-    def least_active_with_room(self, tokens: int) -> str | None:
+    def least_active_with_room(self, s: SessionState) -> str | None:
         rem = self.remaining()
-        fits = [rid for rid in self.capacity if rem[rid] >= tokens + self.cfg.buffer_tokens]
+        fits = [rid for rid in self.capacity
+                if rem[rid] >= s.footprint_tokens + self.cfg.buffer_tokens and self.replicas[rid].serves(s)]
         return min(fits, key=lambda rid: (self.used(rid) - self.cfg.buffer_tokens * len(self.programs[rid]), rid),
                    default=None)
 

@@ -6,6 +6,8 @@ k0 comes from the best evidence the session has on replica n, strongest first
 (docs/algorithms.md#cache-credit):
 (1) ``kv_events``, (2) ``cached_tokens``, (3) ``volume`` × the replica's observed prefix hit
 rate; within one kind the newest observation wins (then the larger one). No evidence → 0.
+``kv_events`` evidence is not decayed: it is the replica's residency as its live event stream
+says now (the router updates it when it changes and withdraws it when the stream is lost).
 The fold is one pass over the evidence, O(n·m) at most, and the decay is vectorised.
 Credit is a scheduling value only: nothing here moves or pins physical KV.
 
@@ -48,19 +50,28 @@ def raw_credit_matrix(
     """Best-evidence k0 and its observation time per (session, replica); (0, -inf) without evidence.
 
     Best = strongest kind, then newest observation, then most tokens."""
+    k0, seen, _ = _best_evidence(sessions, replicas)
+    return k0, seen
+
+
+def _best_evidence(
+    sessions: Sequence[SessionState], replicas: Sequence[ReplicaState]
+) -> tuple[IntArray, npt.NDArray[np.float64], IntArray]:
+    """``raw_credit_matrix`` plus the rank of the winning kind (``len(EVIDENCE_RANK)`` where none)."""
     index = {r.id: j for j, r in enumerate(replicas)}
     m, n = len(sessions), len(replicas)
     k0 = np.zeros((m, n), dtype=np.int64)
     seen = np.full((m, n), -np.inf)
     rank, worst = EVIDENCE_RANK, len(EVIDENCE_RANK)
+    won = np.full((m, n), worst, dtype=np.int64)
     rows = [
-        (i, index.get(c.replica, -1), rank.get(c.kind, worst), c.observed_at_s, c.tokens)
+        (i, index.get(c.replica, -1), rank.get(c.kind, worst), c.observed_at_s, c.credit_tokens)
         for i, ses in enumerate(sessions)
         for c in ses.credits
     ]
     rows = [r for r in rows if r[1] >= 0]
     if not rows:
-        return k0, seen
+        return k0, seen, won
     ii, jj, kinds, times, tokens = zip(*rows, strict=True)
     i_a = np.array(ii, dtype=np.int64)
     j_a = np.array(jj, dtype=np.int64)
@@ -77,7 +88,8 @@ def raw_credit_matrix(
     best = order[first]
     k0[i_a[best], j_a[best]] = tok_a[best]
     seen[i_a[best], j_a[best]] = t_a[best]
-    return k0, seen
+    won[i_a[best], j_a[best]] = kind_a[best]
+    return k0, seen, won
 
 
 def credit_matrix(
@@ -87,13 +99,14 @@ def credit_matrix(
     half_life_s: float | None = HALF_LIFE_S,
 ) -> IntArray:
     """k(s, n) in integer tokens (floor) at ``now_s``; shape (len(sessions), len(replicas))."""
-    k0, seen = raw_credit_matrix(sessions, replicas)
+    k0, seen, won = _best_evidence(sessions, replicas)
     if half_life_s is None:
         return k0
     has = k0 > 0
     out = np.zeros_like(k0)
     if has.any():
         tau = np.maximum(0.0, now_s - seen[has])  # clock skew (observation in the future) -> no decay
+        tau[won[has] == EVIDENCE_RANK["kv_events"]] = 0.0  # live residency: current, not decayed
         out[has] = np.floor(k0[has].astype(np.float64) * np.exp2(-tau / half_life_s)).astype(np.int64)
     return out
 

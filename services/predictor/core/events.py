@@ -15,6 +15,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+#: call ids of calls the router inferred from an answer's ``tool_calls`` (services/router/core/tools.py);
+#: a session's own runner reports (any other call id) win over them (``Predictor``)
+INFERRED_CALL_PREFIX = "tao-router:"
+
 
 class EventType(StrEnum):
     STARTED = "started"

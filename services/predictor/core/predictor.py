@@ -28,7 +28,13 @@ from typing import Any
 
 from services.predictor.core.config import PredictorConfig
 from services.predictor.core.estimate import CallState, Estimator
-from services.predictor.core.events import EventType, InvalidEventError, ToolEvent, validate_event
+from services.predictor.core.events import (
+    INFERRED_CALL_PREFIX,
+    EventType,
+    InvalidEventError,
+    ToolEvent,
+    validate_event,
+)
 from services.predictor.core.history import HistoryStore
 from services.predictor.core.model import READY_REASONS, Evidence, Prediction, ReadyReason, SessionPrediction
 from services.predictor.core.readiness import Explorer, call_next_change_s, call_readiness, just_after
@@ -101,6 +107,10 @@ class Predictor:
         new = s is None
         if s is None:
             s = _Session(last_event_s=event.t)
+        if s.calls or s.done:
+            ignored = self._defer_to_runner(s, event)
+            if ignored is not None:
+                return ignored, True
         if event.type is EventType.STARTED:
             target, duplicate = self._started(s, event)
         elif event.type is EventType.PROGRESS:
@@ -115,6 +125,21 @@ class Predictor:
             self._dirty.add(sid)
             self._touched.add(sid)
         return target, duplicate
+
+    @staticmethod
+    def _defer_to_runner(s: _Session, ev: ToolEvent) -> _Done | None:
+        """A runner's own reports win over calls the router inferred from answers
+        (``INFERRED_CALL_PREFIX``): an inferred event of a session whose runner reports is
+        ignored (answered as a duplicate), and a runner's call that starts drops the inferred
+        calls still open, unlearned. None: apply the event."""
+        if ev.call_id.startswith(INFERRED_CALL_PREFIX):
+            runner = any(not c.startswith(INFERRED_CALL_PREFIX) for c in s.calls) or any(
+                not c.startswith(INFERRED_CALL_PREFIX) for c in s.done)
+            return _Done(ev.t, ev.t, ev.tool, ev.command, ev.deadline_s) if runner else None
+        if ev.type is EventType.STARTED:
+            for cid in [c for c in s.calls if c.startswith(INFERRED_CALL_PREFIX)]:
+                del s.calls[cid]
+        return None
 
     def _started(self, s: _Session, ev: ToolEvent) -> tuple[CallState | _Done, bool]:
         done = s.done.get(ev.call_id)
