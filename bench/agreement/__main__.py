@@ -29,13 +29,13 @@ from services.driver.driver import DriverConfig, TraceDriver
 from services.driver.reporter_adapter import ReporterToolEvents
 from services.driver.results import measure
 from services.planner.core.registry import POLICIES
+from services.sim.cluster.runner import compare as sim_compare
+from services.sim.cluster.simulator import SimConfig
+from services.sim.engine import PROFILES
+from services.sim.workload.generate import GenerateOptions, generate
+from services.sim.workload.params import KINDS
+from services.sim.workload.trace import TraceSession, write_trace
 from services.up.stack import Stack, StackConfig
-from sim.cluster.runner import compare as sim_compare
-from sim.cluster.simulator import SimConfig
-from sim.engine import PROFILES
-from sim.workload.generate import GenerateOptions, generate
-from sim.workload.params import KINDS
-from sim.workload.trace import Session, write_trace
 
 DEFAULT_POLICIES = "tao,thunderagent,cache_aware,least_loaded,round_robin"
 
@@ -76,7 +76,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-async def _drive(stack_addrs: Any, sessions: list[Session], args: argparse.Namespace) -> dict[str, Any]:
+async def _drive(stack_addrs: Any, sessions: list[TraceSession], args: argparse.Namespace) -> dict[str, Any]:
     tools = ReporterToolEvents(stack_addrs.predictor, time_scale=args.time_scale)
     config = DriverConfig(base_url=stack_addrs.router_url, time_scale=args.time_scale,
                           concurrency=args.concurrency, tenant_header="x-tao-tenant")
@@ -88,7 +88,7 @@ def _busy(m: dict[str, Any]) -> str:
     return "n/a" if v is None else f"{float(v):7.1f} tok/s"
 
 
-def run_live(sessions: list[Session], policy: str, args: argparse.Namespace, log_dir: Path,
+def run_live(sessions: list[TraceSession], policy: str, args: argparse.Namespace, log_dir: Path,
              console: Console) -> dict[str, Any]:
     tenants = tuple(sorted({s.tenant for s in sessions}))
     cfg = StackConfig(replicas=args.replicas, profile=args.profile, policy=policy, time_scale=args.time_scale,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
-from sim.cluster.metrics import BETTER
+from services.sim.cluster.metrics import BETTER
 
 #: the metrics compared (the headline three first); preemptions and pause wait are reported
 #: too but their sim/e2e definitions differ in detail (see README "Simulator vs live stack")

@@ -9,18 +9,20 @@ The budget service is configured with the scenario's tenants (floors, SLOs) over
 policy switched with ``SetPolicy`` between runs; the stack is shared by the runs, which
 start when the previous run's requests have all ended.
 
-Latency is measured by the client: for open-loop tenants from sending, for the closed-loop
-tenant from admission (the response's ``x-tao-hold-ms`` is subtracted), as in the simulated
-benchmark. Times are model seconds (wall seconds x ``time_scale``). The live window is short
-(``--live-seconds``, default 50 model seconds after a 10 s warm-up) so the whole run stays
-within about three minutes; its figures are noisier than the simulated ones, and on a loaded
-machine the emulator can fall behind real time (reported as the achieved step rate).
+Requests go through the one load generator (``services.driver.chat.send_chat``, unary, the
+answer decoded): a request is done when its answer is ``ok`` (a chat completion with usage), any
+other outcome counts as an error. Latency is measured by the client on the run's model clock:
+for open-loop tenants from sending, for the closed-loop tenant from admission (the response's
+``x-tao-hold-ms`` is subtracted), as in the simulated benchmark. Times are model seconds (wall
+seconds x ``time_scale``). The live window is short (``--live-seconds``, default 50 model
+seconds after a 10 s warm-up) so the whole run stays within about three minutes; its figures
+are noisier than the simulated ones, and on a loaded machine the emulator can fall behind real
+time (reported as the achieved step rate).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import random
 import statistics
@@ -32,7 +34,8 @@ from typing import Any
 
 from bench.budget.workload import Scenario, TenantLoad
 from services.common.stats import percentile
-from sim.engine import get_profile
+from services.driver.chat import CHAT_PATH, open_http, send_chat
+from services.sim.engine import get_profile
 
 LIVE_POLICIES = ("static", "dynamic")
 
@@ -66,7 +69,6 @@ def _p99(values: list[float]) -> float:
 
 async def _run_policy(scenario: Scenario, policy: str, router_url: str, budget_addr: str, model: str,
                       time_scale: float, seed: int) -> LiveRun:
-    import aiohttp
     import grpc
 
     from tao.budget.v1 import budget_pb2, budget_pb2_grpc
@@ -87,9 +89,7 @@ async def _run_policy(scenario: Scenario, policy: str, router_url: str, budget_a
             tenants=[budget_pb2.TenantConfig(name=t.name, floor=t.floor, weight=t.weight, p99_slo_s=t.p99_slo_s or 0.0)
                      for t in scenario.tenants]), timeout=5)
         await stub.SetPolicy(budget_pb2.SetPolicyRequest(policy=policy), timeout=5)
-        connector = aiohttp.TCPConnector(limit=0)
-        timeout = aiohttp.ClientTimeout(total=600)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+        async with open_http(600) as http:
             t0 = time.perf_counter()
 
             def now() -> float:
@@ -104,21 +104,16 @@ async def _run_policy(scenario: Scenario, policy: str, router_url: str, budget_a
                                           "shared_prefix_id": f"{load.name}-system",
                                           "system_prompt_tokens": load.system_prompt_tokens}}
                 sent = now()
-                try:
-                    async with http.post(f"{router_url}/v1/chat/completions", json=body,
-                                         headers={"x-tao-tenant": load.name}) as resp:
-                        raw = await resp.read()
-                        if resp.status != 200:
-                            errors.append(f"{load.name} HTTP {resp.status}: {raw[:120]!r}")
-                            return
-                        hold_s = float(resp.headers.get("x-tao-hold-ms", "0")) / 1000
-                        tokens = int(json.loads(raw).get("usage", {}).get("completion_tokens", 0))
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    errors.append(f"{load.name} {type(exc).__name__}: {exc}"[:160])
+                out = await send_chat(http, router_url + CHAT_PATH, body, {"x-tao-tenant": load.name}, t0=sent,
+                                      clock=now)
+                if not out.ok:
+                    status = "" if out.status is None else f" HTTP {out.status}"
+                    errors.append(f"{load.name} {out.kind}{status}: {out.detail}"[:160])
                     return
-                end = now()
-                latency = end - sent - (hold_s if load.kind == "closed" else 0.0)
-                done.append(_Done(load.name, end, latency, hold_s, tokens))
+                hold_s = float(out.headers.get("x-tao-hold-ms", "0")) / 1000
+                tokens = int((out.usage or {}).get("completion_tokens", 0))
+                latency = out.total_s - (hold_s if load.kind == "closed" else 0.0)
+                done.append(_Done(load.name, sent + out.total_s, latency, hold_s, tokens))
 
             async def closed_worker(load: TenantLoad) -> None:
                 while not stop.is_set():

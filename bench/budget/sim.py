@@ -1,6 +1,6 @@
 """Discrete-event run of one scenario under one budget policy, in virtual time.
 
-One ``sim.engine.Engine`` (the vLLM V1 model) on the scenario's profile behind the router's
+One ``services.sim.engine.Engine`` (the vLLM V1 model) on the scenario's profile behind the router's
 own core (``services.router.core.state.RouterCore``, a per-request routing policy, one
 replica): every request arrives through ``RouterCore.arrive`` and is held or granted by the
 core's admission (budget ``may_admit``: below the tenant's limit, and within its cap or into a
@@ -41,8 +41,8 @@ from services.common.stats import percentile
 from services.planner.core.registry import make_policy as make_router_policy
 from services.router.core.model import CoreConfig, Grant, NewRequest, Replica, Usage
 from services.router.core.state import RouterCore
-from sim.engine import Engine, EngineRequest, get_profile
-from sim.engine.tokens import SyntheticContent
+from services.sim.engine import Engine, EngineRequest, get_profile
+from services.sim.engine.tokens import SyntheticContent
 
 
 @dataclass
@@ -111,10 +111,7 @@ REPLICA = "sim-0"
 
 def router_p99(values: deque[float]) -> float | None:
     """The p99 the router reports in its demand record (services/router/store.py ``p99``)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return percentile(values, 99, method="higher") if values else None
 
 
 def run_policy(scenario: Scenario, label: str, policy: BudgetPolicy, seed: int,

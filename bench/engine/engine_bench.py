@@ -11,7 +11,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from sim.engine import ChainCache, Engine, EngineRequest, SyntheticContent, get_profile
+from services.sim.engine import ChainCache, Engine, EngineRequest, SyntheticContent, get_profile
 
 
 @dataclass(frozen=True)

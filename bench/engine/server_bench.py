@@ -1,7 +1,10 @@
 """How much load one `tao vllm-sim` process sustains before falling behind its own model.
 
-For each time scale X and concurrency N, N closed-loop streaming clients (aiohttp, SSE) keep
-one chat request each in flight (~200-word prompt, 128 output tokens, ``ignore_eos``). Over a
+For each time scale X and concurrency N, N closed-loop streaming clients keep one chat request
+each in flight (~200-word prompt, 128 output tokens, ``ignore_eos``), sent with the one load
+generator (``services.driver.chat.send_chat``, SSE lines counted without decoding, so the
+clients stay cheap next to the server they share the cores with); a request counts when its
+answer is ``ok`` (``req``), any other outcome is an error (``err``). Over a
 measurement window we read the replica's /metrics twice and report:
 
 - ``tok/s wall``: output tokens generated per wall second (vllm:generation_tokens_total);
@@ -27,6 +30,8 @@ from pathlib import Path
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+
+from services.driver.chat import CHAT_PATH, open_http, send_chat
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = " ".join(f"word{i % 97}" for i in range(200))
@@ -82,18 +87,12 @@ async def _measure(url: str, time_scale: float, streams: int, window_s: float) -
     counts = {"requests": 0, "errors": 0}
     body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 128, "ignore_eos": True,
             "stream": True}
-    conn = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as session:
+    async with open_http(600) as session:
 
         async def client(i: int) -> None:
             while not stop.is_set():
-                try:
-                    async with session.post(url + "/v1/chat/completions", json={**body, "user": str(i)}) as r:
-                        async for _line in r.content:
-                            pass
-                    counts["requests"] += 1
-                except (TimeoutError, aiohttp.ClientError):
-                    counts["errors"] += 1
+                out = await send_chat(session, url + CHAT_PATH, {**body, "user": str(i)}, parse=False)
+                counts["requests" if out.ok else "errors"] += 1
 
         tasks = [asyncio.create_task(client(i)) for i in range(streams)]
         await asyncio.sleep(min(2.0, window_s / 2))  # warm-up

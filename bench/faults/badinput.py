@@ -27,7 +27,9 @@ import httpx
 from google.protobuf import message_factory
 from google.protobuf.message import Message
 
+from services.common import keys
 from services.common.extras import require
+from services.predictor import store as predictor_store
 from tao.budget.v1 import budget_pb2
 from tao.planner.v1 import planner_pb2
 from tao.predictor.v1 import predictor_pb2
@@ -402,7 +404,7 @@ def targets_by_service(targets: list[RpcTarget]) -> Iterator[tuple[str, list[Rpc
 
 def budget_state(redis: Any) -> tuple[Any, ...]:
     """The budget configuration as stored (without epoch and revision)."""
-    raw = redis.get("tao:budget:config")
+    raw = redis.get(keys.BUDGET_CONFIG)
     if raw is None:
         return ()
     cfg = json.loads(raw)
@@ -412,7 +414,7 @@ def budget_state(redis: Any) -> tuple[Any, ...]:
 
 def predictor_state(redis: Any) -> tuple[Any, ...]:
     """Sessions the predictor holds state or predictions for."""
-    return tuple(sorted(redis.hkeys("tao:predictor:predictions"))), tuple(sorted(redis.hkeys("tao:predictor:state")))
+    return tuple(sorted(redis.hkeys(keys.PREDICTIONS))), tuple(sorted(redis.hkeys(predictor_store.STATE)))
 
 
 def router_state(channel: grpc.Channel) -> tuple[Any, ...]:
@@ -441,7 +443,7 @@ def fuzz_all(addresses: dict[str, str], redis: Any, time_scale: float, examples:
         "predictor": lambda: predictor_state(redis),
         "router": lambda: router_state(channels["router"]),
     }
-    saved = redis.get("tao:budget:config")
+    saved = redis.get(keys.BUDGET_CONFIG)
     try:
         for t in rpc_targets():
             if only is not None and t.service != only:

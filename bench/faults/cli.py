@@ -5,6 +5,10 @@ tried / rejected cleanly / crashes, requests lost, requests duplicated.
 The scenarios are ``bench.faults.scenarios`` and the bad inputs ``bench.faults.badinput``,
 the same code the CI suites (tests/faults, tests/badinput) run. Exit status 0 only when every
 fault was survived and nothing was lost, duplicated or crashed.
+
+``--fleet`` runs the fleet suite instead (``bench.faults.fleet_cli``): 3 routers, 2 planners,
+2 budget services and a Redis Cluster, with kill -9 of the leader planner, a Redis master, a
+router and the leader budget service.
 """
 
 from __future__ import annotations
@@ -22,14 +26,18 @@ from typing import Any
 
 from bench.faults.env import MODEL, EnvConfig, FaultEnv
 from bench.faults.scenarios import SCENARIOS, ScenarioResult, stop_planner
+from services.common import keys
 from services.common.extras import require
 
 BODY_LIMIT = 1 << 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS),
-                        help=f"comma-separated subset of: {', '.join(SCENARIOS)}")
+    from bench.faults import fleet_cli
+
+    parser.add_argument("--scenarios", default=None,
+                        help=f"comma-separated subset of: {', '.join(SCENARIOS)} (default all); with --fleet: "
+                             f"{', '.join(fleet_cli.FLEET_NAMES)}")
     parser.add_argument("--stop-s", type=float, default=10.0, help="how long the planner is SIGSTOPped")
     parser.add_argument("--examples", type=int, default=25,
                         help="hypothesis examples per gRPC RPC and kind (arbitrary, near-valid)")
@@ -39,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logs", type=Path, default=None, help="keep the services' logs in this folder")
     parser.add_argument("--json", type=Path, default=None, help="write every result as JSON here")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every check")
+    fleet_cli.add_arguments(parser)
 
 
 def _scenario_line(res: ScenarioResult) -> str:
@@ -97,7 +106,7 @@ def _run_bad_input(args: argparse.Namespace) -> dict[str, Any]:
         with httpx.Client(base_url=env.addr.router_url, timeout=60) as http:
             def router_probe() -> Any:
                 health = http.get("/health").json()
-                return health["sessions"], health["held_requests"], sorted(redis.hkeys("tao:router:sessions"))
+                return health["sessions"], health["held_requests"], sorted(redis.hkeys(keys.SESSIONS))
 
             parts["router HTTP"] = badinput.Tally()
             badinput.run_http(http, badinput.router_cases(MODEL, BODY_LIMIT), parts["router HTTP"], router_probe,
@@ -130,7 +139,11 @@ def _run_bad_input(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
+    if args.fleet:
+        from bench.faults import fleet_cli
+
+        return fleet_cli.run(args)
+    names = [n.strip() for n in (args.scenarios or ",".join(SCENARIOS)).split(",") if n.strip()]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         print(f"tao check faults: unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}", file=sys.stderr)

@@ -59,6 +59,8 @@ class EnvConfig:
         "TAO_PLANNER_REDIS_TIMEOUT_S": "1",
         "TAO_PREDICTOR_REDIS_TIMEOUT_S": "1",
         "TAO_BUDGET_REDIS_TIMEOUT_S": "1",
+        "TAO_PLANNER_LEASE_TTL_S": "2",               # wall: a restarted planner leads within ~2.7 s
+        "TAO_BUDGET_LEASE_TTL_S": "2",
     })
 
 

@@ -35,6 +35,11 @@ class ScenarioResult:
     replays: int = 0
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    #: sessions that never finished (the fleet suite: not every request ok, not released, or
+    #: still recorded by a router after the client released it)
+    stuck: int = 0
+    #: time to recover, wall seconds from the fault, by what recovered (the fleet suite)
+    recovery_s: dict[str, float] = field(default_factory=dict)
 
     def check(self, name: str, ok: object, detail: Any = "") -> bool:
         self.checks.append(Check(name, bool(ok), str(detail)))

@@ -66,6 +66,11 @@ async def redis_wipe(env: FaultEnv) -> ScenarioResult:
         alloc = json.loads(r.get(keys.ALLOCATION) or "{}")
         res.check("allocation republished with the configured total", alloc.get("total") == env.config.total_budget,
                   alloc.get("total"))
+        async def caught_up() -> bool:  # the router has applied a plan published after the wipe
+            got = await env.any_applied_plan()
+            return got is not None and got[1] > pre["rev"]
+
+        await until(caught_up, 10)
         before = await env.any_applied_plan()
         if pre_raw:  # and again once everything is back
             r.set(keys.PLAN, pre_raw)
@@ -244,8 +249,10 @@ async def kill_predictor(env: FaultEnv) -> ScenarioResult:
             res.check("no acknowledged tool event lost across the restart", acked and not lost_events,
                       lost_events[:3] or f"{len(acked)} sessions checked")
             await asyncio.sleep(1.0)
-        res.check("buffered events delivered after the restart", await reporter.flush(5.0),
-                  f"pending {reporter.pending}")
+        # The reporter retries with backoff up to backoff_max_s: one full backoff may still be
+        # running when the predictor is back, so give it that much on top of a delivery window.
+        res.check("buffered events delivered after the restart",
+                  await reporter.flush(reporter.backoff_max_s + 5.0), f"pending {reporter.pending}")
         res.check("no event dropped by the reporter", reporter.stats.dropped == 0, reporter.stats.dropped)
     finally:
         await tools.close()

@@ -16,23 +16,29 @@ Each attempt ends as one of:
 - ``lost``: no answer within the client timeout, or an answer that is not one of the above.
 A logical request is retried (new attempt, new marker) after ``refused``, ``cut`` and the
 retryable clean errors (502, 503, an error event mid-stream), like the openai client does.
+
+With several routers (``LoadConfig.router_urls``, the fleet suite) the workload is its own
+L7 balancer: ``spread="hash"`` sends every request of a session to the router its id hashes
+to (what Envoy's ring hash or NGINX ``hash $http_x_session_id consistent`` do),
+``"round_robin"`` the next router per request (every request may land on a non-owner). A
+router that refused or cut a connection is taken out for ``router_eject_s`` (a balancer's
+outlier detection) and the retry goes to the next one in the session's order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
+from services.driver.chat import CHAT_PATH, KINDS, open_http, send_chat
 from services.driver.driver import ToolEvents
-
-RETRYABLE_STATUS = frozenset({502, 503, 504})
 
 
 @dataclass
@@ -47,6 +53,10 @@ class Attempt:
     replica: str | None = None
     detail: str = ""
     stream: bool = False
+    #: the router URL it was sent to
+    router: str = ""
+    #: a client retries it (``services.driver.chat.Outcome.retryable``)
+    retryable: bool = False
 
 
 @dataclass
@@ -57,6 +67,9 @@ class LoadResult:
     sessions_started: int = 0
     sessions_completed: int = 0
     releases: dict[str, int] = field(default_factory=dict)
+    #: sessions whose requests did not all end ok, or whose release was not answered 200
+    #: (counted only with ``LoadConfig.finish_sessions``)
+    unfinished: list[str] = field(default_factory=list)
     #: (session, turn, monotonic time) of every tool call that finished
     tools_finished: list[tuple[str, int, float]] = field(default_factory=list)
 
@@ -93,12 +106,12 @@ class LoadResult:
         return [a for a in self.attempts if start_s <= a.started_s < end_s]
 
     def summary(self) -> dict[str, int]:
-        kinds = ("ok", "clean_error", "refused", "cut", "lost")
-        out = {f"attempts_{k}": self.count(k) for k in kinds}
-        out.update({f"requests_{k}": self.final(k) for k in ("ok", "clean_error", "refused", "cut", "lost")})
+        out = {f"attempts_{k}": self.count(k) for k in KINDS}
+        out.update({f"requests_{k}": self.final(k) for k in KINDS})
         out["requests"] = len(self.requests)
         out["sessions_started"] = self.sessions_started
         out["sessions_completed"] = self.sessions_completed
+        out["sessions_unfinished"] = len(self.unfinished)
         return out
 
 
@@ -121,6 +134,14 @@ class LoadConfig:
     api_key: str | None = None
     tenant: str | None = None
     tenant_header: str = "x-tao-tenant"
+    #: several routers (the fleet): overrides ``router_url``; ``spread`` "hash" or "round_robin"
+    router_urls: tuple[str, ...] = ()
+    spread: str = "hash"
+    #: wall seconds a router that refused or cut a connection is skipped
+    router_eject_s: float = 1.0
+    #: after ``stop``, agents finish the session they are in (all turns and the release)
+    #: instead of leaving it half done: every session started is expected to finish
+    finish_sessions: bool = False
 
 
 class AgentLoad:
@@ -131,6 +152,30 @@ class AgentLoad:
         self.tools = tools
         self.result = LoadResult()
         self._seq = 0
+        self._rr = 0
+        self._ejected: dict[str, float] = {}
+
+    def _routers(self) -> list[str]:
+        return list(self.config.router_urls) or [self.config.router_url]
+
+    def pick_router(self, session: str) -> str:
+        """The router for the next attempt of ``session`` (see the module docstring)."""
+        routers = self._routers()
+        if len(routers) == 1:
+            return routers[0]
+        if self.config.spread == "round_robin":
+            self._rr += 1
+            start = self._rr
+        else:
+            start = zlib.crc32(session.encode())
+        now = time.monotonic()
+        order = [routers[(start + i) % len(routers)] for i in range(len(routers))]
+        live = [r for r in order if self._ejected.get(r, 0.0) <= now]
+        return (live or order)[0]
+
+    def _eject(self, router: str) -> None:
+        if len(self._routers()) > 1:
+            self._ejected[router] = time.monotonic() + self.config.router_eject_s
 
     def _headers(self, session: str) -> dict[str, str]:
         c = self.config
@@ -155,61 +200,11 @@ class AgentLoad:
         return body
 
     async def _attempt(self, http: aiohttp.ClientSession, a: Attempt, body: dict[str, Any]) -> None:
-        url = f"{self.config.router_url}/v1/chat/completions"
-        sent = False
-        try:
-            async with http.post(url, json=body, headers=self._headers(a.session)) as resp:
-                sent = True
-                a.status = resp.status
-                a.replica = resp.headers.get("x-tao-replica")
-                if resp.status != 200:
-                    raw = await resp.read()
-                    try:
-                        err = json.loads(raw).get("error")
-                    except (ValueError, AttributeError):
-                        err = None
-                    ok_shape = isinstance(err, dict) and isinstance(err.get("message"), str)
-                    a.kind = "clean_error" if ok_shape else "lost"
-                    a.detail = (err or {}).get("message", "")[:160] if ok_shape else f"bad error body {raw[:80]!r}"
-                    return
-                if not a.stream:
-                    answer = json.loads(await resp.read())
-                    good = bool(answer.get("choices")) and isinstance(answer.get("usage"), dict)
-                    a.kind = "ok" if good else "lost"
-                    return
-                await self._read_stream(resp, a)
-        except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
-            a.kind = "refused" if not sent else "cut"
-            a.detail = type(exc).__name__
-        except TimeoutError:
-            a.kind, a.detail = "lost", "client timeout"
-        except (aiohttp.ClientError, ConnectionError, ValueError) as exc:
-            a.kind, a.detail = "cut", f"{type(exc).__name__}: {exc}"[:160]
-
-    async def _read_stream(self, resp: aiohttp.ClientResponse, a: Attempt) -> None:
-        error: str | None = None
-        content = False
-        done = False
-        async for raw in resp.content:
-            line = raw.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                done = True
-                break
-            chunk = json.loads(data)
-            if "error" in chunk:
-                error = str(chunk["error"].get("message", chunk["error"]))[:160]
-            elif chunk.get("choices"):
-                content = True
-        if not done:
-            a.kind, a.detail = "cut", "stream ended without [DONE]"
-        elif error is not None:
-            a.kind, a.detail = "clean_error", error
-        else:
-            a.kind = "ok" if content else "lost"
-            a.detail = "" if content else "stream without content"
+        url = f"{a.router or self.config.router_url}{CHAT_PATH}"
+        out = await send_chat(http, url, body, self._headers(a.session), clock=time.monotonic)
+        a.kind, a.status, a.detail = out.kind, out.status, out.detail[:160]
+        a.replica = out.headers.get("x-tao-replica")
+        a.retryable = out.retryable
 
     async def _request(self, http: aiohttp.ClientSession, session: str, turn: int, stop: asyncio.Event) -> str:
         """One logical request with retries; returns its final kind. ``refused`` attempts
@@ -223,30 +218,37 @@ class AgentLoad:
         give_up_s = time.monotonic() + c.request_timeout_s
         while tries < c.max_attempts and time.monotonic() < give_up_s:
             marker = f"{request}-{uuid.uuid4().hex[:8]}"
-            a = Attempt(marker, request, session, time.monotonic(), stream=stream)
+            a = Attempt(marker, request, session, time.monotonic(), stream=stream, router=self.pick_router(session))
             self.result.attempts.append(a)
             await self._attempt(http, a, self._body(session, turn, marker, stream))
             a.ended_s = time.monotonic()
             kind = a.kind
+            if kind in ("refused", "cut"):
+                self._eject(a.router)
             tries += kind != "refused"
-            retry = kind in ("refused", "cut") or (kind == "clean_error" and (
-                a.status in RETRYABLE_STATUS or (a.status == 200 and a.stream)))
-            if not retry or (kind == "refused" and stop.is_set()):
+            retry = a.retryable
+            if not retry or (kind == "refused" and stop.is_set() and not c.finish_sessions):
                 break
             await asyncio.sleep(c.retry_pause_s)
         self.result.requests[request] = kind
         return kind
 
-    async def _release(self, http: aiohttp.ClientSession, session: str) -> None:
-        url = f"{self.config.router_url}/v1/sessions/{session}/release"
+    async def _release(self, http: aiohttp.ClientSession, session: str) -> bool:
+        """Release ``session``; True when a router answered 200. A 5xx or a connection error
+        is retried (on the next router when there are several)."""
         for _ in range(self.config.max_attempts):
+            router = self.pick_router(session)
+            url = f"{router}/v1/sessions/{session}/release"
             try:
                 async with http.post(url, headers=self._headers(session)) as resp:
                     key = str(resp.status)
                     self.result.releases[key] = self.result.releases.get(key, 0) + 1
-                    return
+                    if resp.status < 500:
+                        return resp.status == 200
             except (aiohttp.ClientError, ConnectionError, TimeoutError):
-                await asyncio.sleep(self.config.retry_pause_s)
+                self._eject(router)
+            await asyncio.sleep(self.config.retry_pause_s)
+        return False
 
     async def _tool(self, session: str, turn: int) -> None:
         call = f"{session}:{turn}"
@@ -271,17 +273,17 @@ class AgentLoad:
                     break
                 if turn < self.config.turns - 1:
                     await self._tool(session, turn)
-                if stop.is_set():
+                if stop.is_set() and not self.config.finish_sessions:
                     completed = turn == self.config.turns - 1
                     break
-            await self._release(http, session)
+            released = await self._release(http, session)
             if completed:
                 self.result.sessions_completed += 1
+            if not (completed and released) and self.config.finish_sessions:
+                self.result.unfinished.append(session)
 
     async def run(self, stop: asyncio.Event) -> LoadResult:
-        timeout = aiohttp.ClientTimeout(total=self.config.request_timeout_s, connect=2.0)
-        connector = aiohttp.TCPConnector(limit=0, force_close=False)
-        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
+        async with open_http(self.config.request_timeout_s, connect_s=2.0) as http:
             await asyncio.gather(*(self._agent(http, i, stop) for i in range(self.config.agents)))
         return self.result
 

@@ -22,27 +22,31 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from bench.peers.core import (
+    KV_EVENTS_CONFIG,
     System,
+    kv_event_router_args,
     markdown_table,
     parse_systems,
     router_argv,
     table_rows,
     verdict,
 )
+from services.common.ports import free_port
 from services.driver.driver import DriverConfig, ToolEvents, TraceDriver
 from services.driver.results import measure
 from services.planner.core.registry import POLICIES
-from services.up.procs import Supervisor, free_port, tao_argv
+from services.sim.engine import PROFILES, get_profile
+from services.sim.workload.generate import GenerateOptions, generate
+from services.sim.workload.params import KINDS
+from services.sim.workload.trace import TraceSession, write_trace
+from services.up.procs import Supervisor, tao_argv
 from services.up.stack import Stack, StackConfig, http_ok
-from sim.engine import PROFILES, get_profile
-from sim.workload.generate import GenerateOptions, generate
-from sim.workload.params import KINDS
-from sim.workload.trace import Session, write_trace
 
 DEFAULT_VENV = Path.home() / ".cache" / "tao-peers" / "venv"
 
@@ -127,25 +131,38 @@ def ensure_peers(venv: Path, specs: dict[str, str]) -> tuple[str, dict[str, str]
 
 # --------------------------------------------------------------------------------- one run
 
-def _start_replicas(sup: Supervisor, args: argparse.Namespace) -> list[str]:
+def _start_replicas(sup: Supervisor, args: argparse.Namespace, kv_events: bool = False) -> list[str]:
     ports = [free_port() for _ in range(args.replicas)]
+    extra = ["--kv-events-config", json.dumps(KV_EVENTS_CONFIG)] if kv_events else []
     for i, port in enumerate(ports):
         sup.spawn(f"vllm-{i}", tao_argv("vllm-sim", "--port", str(port), "--profile", args.profile,
                                         "--time-scale", str(args.time_scale),
-                                        "--num-gpu-blocks", str(args.num_gpu_blocks)))
+                                        "--num-gpu-blocks", str(args.num_gpu_blocks), *extra))
     for i, port in enumerate(ports):
         sup.wait_until(sup.find(f"vllm-{i}"), partial(http_ok, f"http://127.0.0.1:{port}/health"), 30, "healthy")
     return [f"http://127.0.0.1:{p}" for p in ports]
 
 
-async def _drive(url: str, sessions: list[Session], replicas: list[str], args: argparse.Namespace,
+def _kv_event_sources(replicas: list[str]) -> dict[str, dict[str, Any]]:
+    """Each replica's rank-0 KV-event publisher, from vLLM's ``GET /kv_event_sources``."""
+    out: dict[str, dict[str, Any]] = {}
+    for url in replicas:
+        with urllib.request.urlopen(f"{url}/kv_event_sources", timeout=10) as resp:
+            sources = json.loads(resp.read())["sources"]
+        if not sources:
+            raise RuntimeError(f"{url}/kv_event_sources lists no publisher")
+        out[url] = sources[0]
+    return out
+
+
+async def _drive(url: str, sessions: list[TraceSession], replicas: list[str], args: argparse.Namespace,
                  tools: ToolEvents | None, tenant_header: str | None) -> dict[str, Any]:
     config = DriverConfig(base_url=url, time_scale=args.time_scale, concurrency=args.concurrency or len(sessions),
                           model=get_profile(args.profile).model_name, tenant_header=tenant_header)
     return await measure(TraceDriver(config, tools), sessions, replicas)
 
 
-def run_one(system: System, sessions: list[Session], args: argparse.Namespace, bin_dir: str,
+def run_one(system: System, sessions: list[TraceSession], args: argparse.Namespace, bin_dir: str,
             log_dir: Path) -> dict[str, Any]:
     """One run of ``system`` on fresh replicas; the driver's metrics (RuntimeError when it
     cannot start or a process dies)."""
@@ -169,9 +186,14 @@ def run_one(system: System, sessions: list[Session], args: argparse.Namespace, b
             stack.stop()
     sup = Supervisor(log_dir)
     try:
-        replicas = _start_replicas(sup, args)
+        replicas = _start_replicas(sup, args, kv_events=system.needs_kv_events)
+        kv_args: list[str] = []
+        if system.needs_kv_events:
+            profile = get_profile(args.profile)
+            kv_args = kv_event_router_args(_kv_event_sources(replicas), profile.model_name, profile.block_size)
         port = free_port()
-        child = sup.spawn("router", router_argv(system, bin_dir, port, replicas, free_port(), python=sys.executable))
+        child = sup.spawn("router", router_argv(system, bin_dir, port, replicas, free_port(), python=sys.executable,
+                                                kv_args=kv_args))
         url = f"http://127.0.0.1:{port}"
         sup.wait_until(child, lambda: http_ok(f"{url}/health"), 60, "answering /health")
         metrics = asyncio.run(_drive(url, sessions, replicas, args, None, None))

@@ -24,14 +24,15 @@ VLLM_ROUTER_POLICIES = ("round_robin", "random", "cache_aware", "kv_aware", "pow
 SGLANG_ROUTER_POLICIES = ("round_robin", "random", "cache_aware", "power_of_two", "manual")
 KINDS = ("floor", "vllm-router", "sglang-router", "tao")
 
-#: run by default (`--systems all` adds the rest; the default run must fit 15 min on 2 cores).
-#: Left out by default: vllm-router ``power_of_two``, ``sticky_least_loaded`` and ``random``
-#: (load balancers without cache or session knowledge, like round-robin here) and ``kv_aware``
-#: (needs vLLM's ZMQ KV events, which the emulator does not publish: it runs, but blind);
-#: sglang-router's other policies.
+#: run by default (`--systems all` adds the rest). Left out by default: vllm-router
+#: ``power_of_two``, ``sticky_least_loaded`` and ``random`` (load balancers without cache or
+#: session knowledge, like round-robin here); sglang-router's other policies.
+#: ``vllm-router:kv_aware`` routes on the replicas' KV events: its replicas publish them
+#: (``--kv-events-config``) and it subscribes (``kv_event_router_args``).
 DEFAULT_SYSTEMS = (
     "floor",
-    "vllm-router:round_robin", "vllm-router:cache_aware", "vllm-router:consistent_hash", "vllm-router:program",
+    "vllm-router:round_robin", "vllm-router:cache_aware", "vllm-router:kv_aware", "vllm-router:consistent_hash",
+    "vllm-router:program",
     "sglang-router:cache_aware",
     "tao:tao", "tao:thunderagent", "tao:round_robin",
 )
@@ -51,6 +52,11 @@ class System:
     @property
     def name(self) -> str:
         return self.kind if self.kind == "floor" else f"{self.kind}:{self.policy}"
+
+    @property
+    def needs_kv_events(self) -> bool:
+        """Its replicas must publish vLLM's KV events (``--kv-events-config``) for its router."""
+        return self.kind == "vllm-router" and self.policy == "kv_aware"
 
     @property
     def package(self) -> str | None:
@@ -104,11 +110,36 @@ def parse_systems(text: str, tao_policies: Sequence[str] | None = None) -> list[
     return systems
 
 
+#: vLLM's ``--kv-events-config`` for the replicas of a ``needs_kv_events`` system: ZMQ PUB and
+#: replay sockets on ports the OS picks (vLLM binds when the endpoint has a ``*``); the router
+#: learns them from each replica's ``GET /kv_event_sources``.
+KV_EVENTS_CONFIG = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:*",
+                    "replay_endpoint": "tcp://127.0.0.1:*"}
+
+
+def kv_event_router_args(sources: Mapping[str, Mapping[str, Any]], model: str, block_size: int) -> list[str]:
+    """vllm-router's static KV-event configuration (``vllm-router --help``, 0.1.17:
+    ``--kv-event-source WORKER_URL=ENDPOINT``, ``--kv-event-replay-source WORKER_URL=ENDPOINT``
+    repeated per worker, ``--kv-event-model`` "shared model identity for workers with static
+    event sources", ``--kv-event-block-size``). ``sources``: per worker URL, the rank-0 entry of
+    its ``GET /kv_event_sources`` (vLLM #55844). vllm-router 0.1.17's own discovery cannot be
+    used: it reads the block size from ``GET /get_server_info`` (SGLang's endpoint; vLLM serves
+    none) and parses ``/kv_event_sources`` as a map keyed by DP rank, not vLLM's
+    ``{"sources": [...]}``, so it would subscribe to nothing."""
+    argv: list[str] = []
+    for url, src in sources.items():
+        argv += ["--kv-event-source", f"{url}={src['endpoint']}"]
+        if src.get("replay_endpoint"):
+            argv += ["--kv-event-replay-source", f"{url}={src['replay_endpoint']}"]
+    return argv + ["--kv-event-model", model, "--kv-event-block-size", str(block_size)]
+
+
 def router_argv(system: System, bin_dir: str, port: int, replicas: Sequence[str], metrics_port: int,
-                python: str = "python") -> list[str]:
+                python: str = "python", kv_args: Sequence[str] = ()) -> list[str]:
     """The command line that serves ``system`` on 127.0.0.1:``port`` in front of ``replicas``
     (not for ``tao``: that is a whole stack). ``metrics_port``: the router's own Prometheus
-    port (both Rust routers default to a fixed one, 29000, so runs would collide)."""
+    port (both Rust routers default to a fixed one, 29000, so runs would collide). ``kv_args``:
+    ``kv_event_router_args`` for a ``needs_kv_events`` system (required there)."""
     if system.kind == "floor":
         return [python, "-m", "bench.peers.rrproxy", "--port", str(port), *(a for r in replicas for a in ("--replica", r))]
     if system.kind == "vllm-router":
@@ -116,6 +147,10 @@ def router_argv(system: System, bin_dir: str, port: int, replicas: Sequence[str]
                 "--prometheus-port", str(metrics_port), "--log-level", "warning"]
         if system.policy == "program":
             return argv + ["--enable-program-scheduling"]
+        if system.needs_kv_events:
+            if not kv_args:
+                raise ValueError(f"{system.name} needs the replicas' KV-event sources (kv_event_router_args)")
+            return argv + ["--policy", system.policy, *kv_args]
         return argv + ["--policy", system.policy]
     if system.kind == "sglang-router":
         return [f"{bin_dir}/sglang-router", "launch", "--host", "127.0.0.1", "--port", str(port),

@@ -28,10 +28,11 @@ from typing import Any
 import numpy as np
 
 from bench.planner.instances import random_snapshot
+from services.common.core.evidence import CacheEvidence
 from services.common.stats import percentile
 from services.planner.core import Plan, Policy, Snapshot, make_policy
 from services.planner.core.approx import relative_gap
-from services.planner.core.model import CreditEvidence, ReplicaState, SessionState
+from services.planner.core.model import ReplicaState, SessionState
 from services.planner.core.tao import TaoConfig, TaoPolicy
 from services.planner.timing import timed_plan
 
@@ -143,7 +144,7 @@ def multi_candidate_snapshot(rng: random.Random, now_s: float = 100.0) -> Snapsh
         foot = rng.randint(4_000, 48_000)
         credits = ()
         if rng.random() < 0.6:
-            credits = (CreditEvidence(f"r{rng.randrange(4)}", int(foot * rng.uniform(0.4, 0.95)),
+            credits = (CacheEvidence.of_credit(f"r{rng.randrange(4)}", int(foot * rng.uniform(0.4, 0.95)),
                                       now_s - rng.uniform(0, 40)),)
         sessions.append(SessionState(f"s{i:02d}", "t", foot, rng.random() < 0.4, credits=credits,
                                      phase=rng.choice(("WAITING", "PAUSED"))))

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 import random
 
-from services.planner.core.model import CreditEvidence, ReplicaState, SessionState, Snapshot
+from services.common.core.evidence import CacheEvidence
+from services.planner.core.model import ReplicaState, SessionState, Snapshot
 
 KINDS = ("kv_events", "cached_tokens", "volume")
 
@@ -39,11 +40,11 @@ def random_snapshot(
     sessions = []
     for i in range(pool):
         foot = int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
-        credits: list[CreditEvidence] = []
+        credits: list[CacheEvidence] = []
         if rng.random() < credit_share:
             homes = rng.sample(range(replicas), k=min(replicas, 2 if rng.random() < 0.15 else 1))
             for h in homes:
-                credits.append(CreditEvidence(replica=f"r{h:02d}", tokens=int(foot * rng.uniform(0.3, 0.95)),
+                credits.append(CacheEvidence.of_credit(replica=f"r{h:02d}", tokens=int(foot * rng.uniform(0.3, 0.95)),
                                               observed_at_s=now_s - rng.uniform(0.0, 60.0), kind=rng.choice(KINDS)))
         sessions.append(SessionState(
             id=f"s{i:05d}", tenant=f"t{i % 3}", footprint_tokens=foot, ready=rng.random() < ready_share,
@@ -55,7 +56,7 @@ def random_snapshot(
             foot = int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
             sessions.append(SessionState(
                 id=f"a{j:02d}-{a:03d}", tenant=f"t{a % 3}", footprint_tokens=foot, ready=rng.random() < ready_share,
-                credits=(CreditEvidence(f"r{j:02d}", int(foot * 0.8), now_s - rng.uniform(0, 30)),),
+                credits=(CacheEvidence.of_credit(f"r{j:02d}", int(foot * 0.8), now_s - rng.uniform(0, 30)),),
                 phase=rng.choice(("RUNNING", "ACTING")), replica=f"r{j:02d}", admitted=True,
                 context_tokens=int(foot * 0.9), acting_since_s=now_s - rng.uniform(0, 20),
             ))

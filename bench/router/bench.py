@@ -28,6 +28,14 @@ process sustains, with its CPU utilisation (a router below 100 % CPU is not the 
 generator, router, replica, Redis) shares this machine's cores, which the header records
 (with the load average: other work on the machine shows up as latency).
 
+``--peers vllm-router:round_robin[,vllm-router:cache_aware,...]`` also runs vLLM's Rust router
+(``vllm-router`` from PyPI, installed into the isolated venv ``bench.peers`` manages, never into
+this package's environment) in front of the same replica, one path per policy, and
+``--also-policies round_robin`` more TAO routers with other policies; every path interleaved in
+every round. The report then adds, per level, TAO / vllm-router ratios of CPU per streamed token
+and of added TTFT, and the issue-14 targets at 64 streams (CPU ≤ 1.3×, added TTFT p50 ≤ 2×,
+p99 ≤ 10 ms as the median of rounds; the ``tao`` policy ≤ 1.2× TAO's own ``round_robin``).
+
 ``--baseline-src DIR`` also runs the router of another source tree (e.g. ``git archive``
 of an earlier commit into DIR) as path ``base``, interleaved with the others in every
 round: an A/B comparison under the same load.
@@ -51,13 +59,17 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
+from bench.peers.core import parse_system
 from bench.router.load import PhaseResult, run_open_phase, run_phase
-from bench.router.procs import Proc, cpu_seconds, start_replica, start_router
-from services.common.stats import percentile
-from services.common.testing import RedisServer, find_redis_binary
+from bench.router.procs import Proc, cpu_seconds, start_replica, start_router, start_vllm_router
+from services.common.stats import histogram_quantile, percentile
+from services.common.testing import RedisServer, find_redis_binary, free_port
 
 NAN = float("nan")  # percentile of no samples
+W = 24  # width of the path column
+PEER_CPU_RATIO, PEER_TTFT_RATIO, OWN_POLICY_RATIO = 1.3, 2.0, 1.2  # issue-14 targets at 64 streams
 
 TARGET_P50_MS, TARGET_P99_MS = 2.0, 10.0
 
@@ -82,20 +94,7 @@ def router_metrics(router_url: str) -> tuple[list[tuple[float, float]], float]:
 def bucket_quantile(before: list[tuple[float, float]], after: list[tuple[float, float]], q: float) -> float:
     """Quantile (ms) of the observations between two scrapes, interpolated within buckets."""
     deltas = [(le, a - b) for (le, a), (_, b) in zip(after, before, strict=True)]
-    total = deltas[-1][1] if deltas else 0.0
-    if total <= 0:
-        return float("nan")
-    rank = q / 100.0 * total
-    lo_edge, lo_count = 0.0, 0.0
-    for le, count in deltas:
-        if count >= rank:
-            if le == float("inf"):
-                return lo_edge * 1000
-            span = count - lo_count
-            frac = (rank - lo_count) / span if span else 1.0
-            return (lo_edge + (le - lo_edge) * frac) * 1000
-        lo_edge, lo_count = le, count
-    return float("nan")
+    return histogram_quantile(deltas, q) * 1000
 
 
 @dataclass
@@ -151,11 +150,14 @@ class Meter:
     def start(self) -> None:
         if self.router is not None:
             self.cpu0 = cpu_seconds(self.router.pid)
-            self.hist0, self.failures0 = router_metrics(self.router.url)
+            if self.router.tao_metrics:
+                self.hist0, self.failures0 = router_metrics(self.router.url)
 
     def fill(self, row: Row) -> Row:
         if self.router is not None:
             row.cpu_s = cpu_seconds(self.router.pid) - self.cpu0
+            if not self.router.tao_metrics:
+                return row
             end, failures = router_metrics(self.router.url)
             row.own_p50_ms = bucket_quantile(self.hist0, end, 50)
             row.own_p99_ms = bucket_quantile(self.hist0, end, 99)
@@ -217,6 +219,23 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             base = start_router(redis.url, replica.url, args.policy, src=args.baseline_src)
             procs.append(base)
             paths.append(("base", base.url, base))
+        for policy in _split(args.also_policies):
+            extra = start_router(redis.url, replica.url, policy)
+            procs.append(extra)
+            paths.append((f"tao:{policy}", extra.url, extra))
+        peers = _split(args.peers)
+        if peers:
+            bin_dir = _peer_bin(args.peers_venv)
+            for peer in peers:
+                try:
+                    system = parse_system(peer)
+                except ValueError as exc:
+                    raise SystemExit(f"--peers: {exc}") from None
+                if system.kind != "vllm-router":
+                    raise SystemExit(f"--peers {peer!r}: expected vllm-router:POLICY")
+                peer_proc = start_vllm_router(bin_dir, replica.url, system, free_port(), free_port())
+                procs.append(peer_proc)
+                paths.append((peer, peer_proc.url, peer_proc))
         model = _model(replica.url)
         await asyncio.sleep(1.0)  # first health probe and /metrics scrape
         for streams in levels:
@@ -248,6 +267,22 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     return _report(args, rows, sat, [p for p, _, _ in paths])
 
 
+def _split(text: str | None) -> list[str]:
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+def _peer_bin(venv: str | None) -> str:
+    """The bin dir of the peers' venv with ``vllm-router`` installed (``bench.peers`` creates
+    it, from PyPI, isolated from this package); SystemExit saying why when it cannot."""
+    from bench.peers.__main__ import DEFAULT_VENV, ensure_peers
+
+    bin_dir, versions, failed = ensure_peers(Path(venv) if venv else DEFAULT_VENV, {"vllm-router": "vllm-router"})
+    if failed:
+        raise SystemExit(f"--peers: vllm-router unavailable: {failed['vllm-router']}")
+    print(f"bench.router: vllm-router {versions['vllm-router']} from {bin_dir}", flush=True)
+    return bin_dir
+
+
 def _merge(rows: list[Row]) -> Row:
     samples = [s for r in rows for s in r.result.samples]
     wall = sum(r.result.wall_s for r in rows)
@@ -275,7 +310,7 @@ def _print_level(streams: int, rows: list[Row], paths: list[str], verdict: list[
     stats = {p: m.stats() for p, m in merged.items()}
     for p in paths:
         s = stats[p]
-        print(f"{streams:>7} {p:>6} {s['requests']:>5.0f} {s['errors']:>3.0f} {_fmt(s['ttft_p50_ms']):>9} "
+        print(f"{streams:>7} {p:>{W}} {s['requests']:>5.0f} {s['errors']:>3.0f} {_fmt(s['ttft_p50_ms']):>9} "
               f"{_fmt(s['ttft_p99_ms']):>9} {_fmt(s['gap_p99_ms']):>8} {_fmt(s['req_per_s'], 1):>8} "
               f"{_fmt(s['chunks_per_s'], 0):>9} {_fmt(s['cpu_us_per_chunk'], 1):>10} "
               f"{_pct(s['router_cpu_util']) if p != 'direct' else '':>8}")
@@ -286,17 +321,18 @@ def _print_level(streams: int, rows: list[Row], paths: list[str], verdict: list[
         added = {k: r[k] - d[k] for k in ("ttft_p50_ms", "ttft_p99_ms", "gap_p99_ms")}
         ratio = r["chunks_per_s"] / d["chunks_per_s"] if d["chunks_per_s"] else float("nan")
         label = "added" if p == "router" else f"+{p}"
-        print(f"{'':>7} {label:>6} {'':>9} {_fmt(added['ttft_p50_ms']):>9} {_fmt(added['ttft_p99_ms']):>9} "
+        print(f"{'':>7} {label:>{W}} {'':>9} {_fmt(added['ttft_p50_ms']):>9} {_fmt(added['ttft_p99_ms']):>9} "
               f"{_fmt(added['gap_p99_ms']):>8}   throughput ratio {p}/direct {ratio:.3f}")
         p50s = _per_round(rows, p, "ttft_p50_ms")
         p99s = _per_round(rows, p, "ttft_p99_ms")
         if len(p50s) > 1:
-            print(f"{'':>7} {'rounds':>6} {'':>9} added TTFT p50 {' '.join(f'{x:+.1f}' for x in p50s)} "
+            print(f"{'':>7} {'rounds':>{W}} {'':>9} added TTFT p50 {' '.join(f'{x:+.1f}' for x in p50s)} "
                   f"(median {statistics.median(p50s):+.2f}), p99 {' '.join(f'{x:+.1f}' for x in p99s)} "
                   f"(median {statistics.median(p99s):+.2f}) ms")
-        print(f"{'':>7} {'own':>6} {'':>9} {_fmt(r['router_own_p50_ms'], 3):>9} {_fmt(r['router_own_p99_ms'], 3):>9}"
-              f"            {p}'s own time per request (tao_router_overhead_seconds)")
-        print(f"{'':>7} {'':>6} {'':>9} {_fmt(r['cpu_us_per_request'], 0):>9} us CPU per request; held for "
+        if r["router_own_p50_ms"] == r["router_own_p50_ms"]:  # a peer has no tao_router_overhead_seconds
+            print(f"{'':>7} {'own':>{W}} {'':>9} {_fmt(r['router_own_p50_ms'], 3):>9} {_fmt(r['router_own_p99_ms'], 3):>9}"
+                  f"            {p}'s own time per request (tao_router_overhead_seconds)")
+        print(f"{'':>7} {'':>{W}} {'':>9} {_fmt(r['cpu_us_per_request'], 0):>9} us CPU per request; held for "
               f"admission > 1 ms: {r['held_over_1ms']:.0f} requests (max {r['hold_max_ms']:.0f} ms); replica "
               f"failures {r['upstream_failures']:.0f}; mean in flight {r['mean_in_flight']:.1f} (direct "
               f"{d['mean_in_flight']:.1f})")
@@ -311,7 +347,58 @@ def _print_level(streams: int, rows: list[Row], paths: list[str], verdict: list[
                            f"{added['ttft_p50_ms']:+.2f} ms, p99 {added['ttft_p99_ms']:+.2f} ms); router's own "
                            f"time {'MET' if own_ok else 'NOT MET'} (p50 {r['router_own_p50_ms']:.3f} ms, "
                            f"p99 {r['router_own_p99_ms']:.3f} ms)")
+    _print_peer_ratios(streams, mode, stats, out, paths, verdict)
     return out
+
+
+def _median_p99(out: dict[str, object], path: str) -> float:
+    added = out.get(f"added_{path}" if path != "router" else "added")
+    if not isinstance(added, dict):
+        return NAN
+    rounds = added.get("ttft_p99_ms_rounds") or []
+    return float(statistics.median(rounds)) if rounds else float(added["ttft_p99_ms"])
+
+
+def _added_p50(stats: dict[str, dict[str, float]], path: str) -> float:
+    return stats[path]["ttft_p50_ms"] - stats["direct"]["ttft_p50_ms"]
+
+
+def _print_peer_ratios(streams: int, mode: str, stats: dict[str, dict[str, float]], out: dict[str, object],
+                       paths: list[str], verdict: list[str]) -> None:
+    """TAO routers against each peer router (CPU per streamed token, added TTFT) and, at 64
+    streams, the issue-14 targets against vllm-router's round-robin and TAO's own round_robin."""
+    taos = [p for p in paths if p == "router" or p.startswith("tao:")]
+    peers = [p for p in paths if p.startswith("vllm-router:")]
+    ratios: dict[str, dict[str, float]] = {}
+    for t in taos:
+        for q in peers:
+            cpu = stats[t]["cpu_us_per_chunk"] / stats[q]["cpu_us_per_chunk"] if stats[q]["cpu_us_per_chunk"] else NAN
+            ttft = _added_p50(stats, t) / _added_p50(stats, q) if _added_p50(stats, q) > 0 else NAN
+            ratios[f"{t}/{q}"] = {"cpu_per_token": cpu, "added_ttft_p50": ttft}
+            print(f"{'':>7} {'ratio':>{W}} {t} / {q}: CPU per streamed token {_fmt(cpu)}x, added TTFT p50 "
+                  f"{_fmt(_added_p50(stats, t))} / {_fmt(_added_p50(stats, q))} ms = {_fmt(ttft)}x")
+    if ratios:
+        out["ratios"] = ratios
+    if streams != 64 or "router" not in taos:
+        return
+    own_p99 = _median_p99(out, "router")
+    if "vllm-router:round_robin" in peers:
+        r = ratios["router/vllm-router:round_robin"]
+        # A ratio needs the peer's added TTFT to be positive; where the routed paths measured
+        # faster than direct (closed loop on shared cores), TAO's own 2 ms bound applies instead.
+        peer_p50, tao_p50 = _added_p50(stats, "vllm-router:round_robin"), _added_p50(stats, "router")
+        ttft_ok = r["added_ttft_p50"] <= PEER_TTFT_RATIO if peer_p50 > 0 else tao_p50 <= TARGET_P50_MS
+        ok = r["cpu_per_token"] <= PEER_CPU_RATIO and ttft_ok and own_p99 <= 10.0
+        verdict.append(f"{mode} loop, 64 streams vs vllm-router round_robin (CPU/token <= {PEER_CPU_RATIO}x, added "
+                       f"TTFT p50 <= {PEER_TTFT_RATIO}x, added p99 <= 10 ms median of rounds): "
+                       f"{'MET' if ok else 'NOT MET'} (CPU {_fmt(r['cpu_per_token'])}x, added TTFT p50 "
+                       f"{_fmt(tao_p50)} vs {_fmt(peer_p50)} ms = {_fmt(r['added_ttft_p50'])}x, p99 {_fmt(own_p99)} ms)")
+    if "tao:round_robin" in taos:
+        cpu = stats["router"]["cpu_us_per_chunk"] / stats["tao:round_robin"]["cpu_us_per_chunk"]
+        ok = cpu <= OWN_POLICY_RATIO
+        verdict.append(f"{mode} loop, 64 streams, this policy vs TAO's own round_robin (CPU/token <= "
+                       f"{OWN_POLICY_RATIO}x): {'MET' if ok else 'NOT MET'} ({_fmt(cpu)}x; added TTFT p50 "
+                       f"{_fmt(_added_p50(stats, 'router'))} vs {_fmt(_added_p50(stats, 'tao:round_robin'))} ms)")
 
 
 def _report(args: argparse.Namespace, rows: list[Row], sat: dict[str, Row], paths: list[str]) -> dict[str, object]:
@@ -323,7 +410,7 @@ def _report(args: argparse.Namespace, rows: list[Row], sat: dict[str, Row], path
     print(f"replica: tao vllm-sim --profile {args.profile} --time-scale {args.time_scale}; router policy "
           f"{args.policy}; {args.tokens} tokens per streamed request; load generator, router, replica and "
           f"Redis share the machine" + (f"; base = router from {args.baseline_src}" if args.baseline_src else ""))
-    header = (f"{'streams':>7} {'path':>6} {'reqs':>5} {'err':>3} {'TTFT p50':>9} {'TTFT p99':>9} "
+    header = (f"{'streams':>7} {'path':>{W}} {'reqs':>5} {'err':>3} {'TTFT p50':>9} {'TTFT p99':>9} "
               f"{'gap p99':>8} {'req/s':>8} {'chunks/s':>9} {'CPU us/tok':>10} {'CPU util':>8}")
     out: dict[str, object] = {}
     verdict: list[str] = []
@@ -352,8 +439,9 @@ def _report(args: argparse.Namespace, rows: list[Row], sat: dict[str, Row], path
     for p in paths[1:]:
         sr, sd = stats[p], stats["direct"]
         util = sr["router_cpu_util"]
-        print(f"{'':>7} {'own':>6} non-streaming ({p}): own time p50 {sr['router_own_p50_ms']:.3f} ms, "
-              f"p99 {sr['router_own_p99_ms']:.3f} ms")
+        if sr["router_own_p50_ms"] == sr["router_own_p50_ms"]:
+            print(f"{'':>7} {'own':>6} non-streaming ({p}): own time p50 {sr['router_own_p50_ms']:.3f} ms, "
+                  f"p99 {sr['router_own_p99_ms']:.3f} ms")
         print(f"sustained ({p}), {args.sat_streams} concurrent 1-token requests (non-streaming): direct "
               f"{sd['req_per_s']:.0f} req/s, {p} {sr['req_per_s']:.0f} req/s (ratio "
               f"{sr['req_per_s'] / sd['req_per_s']:.3f}); CPU {util * 100:.0f}% of one core, "
@@ -392,6 +480,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sat-streams", type=int, default=256, help="streams of the sustained-rate phase")
     parser.add_argument("--baseline-src", default=None, metavar="DIR",
                         help="also run the router of this source tree (path 'base'), interleaved: an A/B comparison")
+    parser.add_argument("--peers", default=None, metavar="vllm-router:POLICY,...",
+                        help="also run vLLM's Rust router with these policies (isolated venv, see bench.peers)")
+    parser.add_argument("--peers-venv", default=None, help="the peers' venv (default: bench.peers' ~/.cache/tao-peers/venv)")
+    parser.add_argument("--also-policies", default=None, metavar="POLICY,...",
+                        help="also run TAO routers with these policies (path tao:POLICY)")
     parser.add_argument("--json", default=None, help="write the figures as JSON here")
     args = parser.parse_args(argv)
     out = asyncio.run(run(args))

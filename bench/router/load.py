@@ -1,5 +1,8 @@
 """Streaming load; per request the time to the first SSE event, the gaps between events and
-the total. Chunks are counted on ``data:`` lines, not parsed, so the client stays cheap.
+the total. Requests go through the one load generator's ``services.driver.chat.send_chat``
+with ``parse=False``: chunks are counted on ``data:`` lines, not parsed, so the client stays
+cheap. A request counts ok when it ends ``ok`` there (a stream reached ``[DONE]`` with content
+and no error event).
 
 - closed loop (``run_phase``): ``concurrency`` workers, each its own session, each sending
   requests back to back: every process on the path is kept busy, and a slower path also
@@ -18,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
+
+from services.driver.chat import CHAT_PATH, open_http, send_chat
 
 PROMPT = "Inspect the failing test, find the root cause in the parser and propose a patch. " * 6
 
@@ -54,35 +59,11 @@ class PhaseResult:
 async def one_request(http: aiohttp.ClientSession, url: str, body: dict[str, object],
                       headers: dict[str, str], t0: float | None = None) -> Sample:
     """One request; latencies count from ``t0`` (perf_counter; default: now)."""
-    t0 = time.perf_counter() if t0 is None else t0
-    try:
-        async with http.post(url, json=body, headers=headers) as resp:
-            if resp.status != 200:
-                await resp.read()
-                return Sample(False)
-            hold_ms = float(resp.headers.get("x-tao-hold-ms", 0.0))
-            if not body.get("stream"):
-                await resp.read()
-                now = time.perf_counter()
-                return Sample(True, now - t0, now - t0, 1, hold_ms=hold_ms)
-            first = last = 0.0
-            gaps: list[float] = []
-            chunks = 0
-            async for line in resp.content:
-                if not line.startswith(b"data:"):
-                    continue
-                if line.startswith(b"data: [DONE]"):
-                    break
-                now = time.perf_counter()
-                if chunks == 0:
-                    first = now
-                else:
-                    gaps.append(now - last)
-                last = now
-                chunks += 1
-            return Sample(chunks > 0, first - t0, time.perf_counter() - t0, chunks, gaps, hold_ms)
-    except (TimeoutError, aiohttp.ClientError):
+    out = await send_chat(http, url, body, headers, parse=False, t0=t0)
+    if not out.ok:
         return Sample(False)
+    assert out.ttft_s is not None  # an ok answer has its first event
+    return Sample(True, out.ttft_s, out.total_s, out.chunks, out.gaps_s, float(out.headers.get("x-tao-hold-ms", 0.0)))
 
 
 async def run_phase(base_url: str, model: str, *, tag: str, concurrency: int, requests_per_worker: int,
@@ -90,14 +71,12 @@ async def run_phase(base_url: str, model: str, *, tag: str, concurrency: int, re
                     on_start: Callable[[], None] | None = None) -> PhaseResult:
     """Every worker sends ``warmup`` unmeasured requests (session admission, prefix cache),
     then all start the measured requests together."""
-    url = base_url + "/v1/chat/completions"
+    url = base_url + CHAT_PATH
     body: dict[str, object] = {"model": model, "messages": [{"role": "user", "content": PROMPT}],
                                "max_tokens": max_tokens, "stream": stream, "ignore_eos": True}
     barrier = asyncio.Barrier(concurrency + 1)
     samples: list[Sample] = []
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+    async with open_http(600) as http:
 
         async def worker(i: int) -> None:
             headers = {"x-session-id": f"{tag}-{i}"}
@@ -123,14 +102,12 @@ async def run_open_phase(base_url: str, model: str, *, tag: str, rate_per_s: flo
     on the next of ``sessions`` sessions (round robin; each session is warmed by one request
     first, so it is admitted and its prefix cached). ``wall_s`` runs from the first arrival
     to the last completion."""
-    url = base_url + "/v1/chat/completions"
+    url = base_url + CHAT_PATH
     body: dict[str, object] = {"model": model, "messages": [{"role": "user", "content": PROMPT}],
                                "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
     headers = [{"x-session-id": f"{tag}-{i}"} for i in range(sessions)]
     rng = random.Random(seed)
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+    async with open_http(600) as http:
         await asyncio.gather(*(one_request(http, url, body, h) for h in headers))
         if on_start is not None:
             on_start()

@@ -8,7 +8,10 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
+
+from bench.peers.core import System, router_argv
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -20,11 +23,13 @@ def cpu_seconds(pid: int) -> float:
 
 
 class Proc:
-    """A child process whose output is scanned for a line announcing its URL."""
+    """A child process whose output is scanned for a line announcing its URL, or (``ready_url``)
+    that is ready once ``ready_url`` answers HTTP 200 (a peer router that logs no URL)."""
 
-    def __init__(self, args: list[str], marker: str, env: dict[str, str] | None = None,
-                 timeout_s: float = 60.0, cwd: str | None = None) -> None:
+    def __init__(self, args: list[str], marker: str | None, env: dict[str, str] | None = None,
+                 timeout_s: float = 60.0, cwd: str | None = None, ready_url: str | None = None) -> None:
         self.args = args
+        self.tao_metrics = ready_url is None  # a TAO router exposes tao_router_* metrics; peers do not
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         self.url = ""
@@ -35,12 +40,15 @@ class Proc:
             assert self.proc.stdout is not None
             for line in self.proc.stdout:
                 self.tail = (self.tail + [line.rstrip()])[-20:]
-                if not found.is_set() and marker in line:
+                if marker is not None and not found.is_set() and marker in line:
                     self.url = line.strip().rsplit(" ", 1)[-1]
                     found.set()
 
         threading.Thread(target=pump, daemon=True).start()
         deadline = time.monotonic() + timeout_s
+        if ready_url is not None:
+            self.url = ready_url.rsplit("/", 1)[0]
+            threading.Thread(target=_poll_ready, args=(ready_url, found, deadline), daemon=True).start()
         while not found.wait(0.1):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
@@ -58,6 +66,26 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+
+
+def _poll_ready(url: str, found: threading.Event, deadline: float) -> None:
+    while not found.is_set() and time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    found.set()
+                    return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+
+
+def start_vllm_router(bin_dir: str, replica_url: str, system: System, port: int, metrics_port: int) -> Proc:
+    """vLLM's Rust router (``vllm-router`` from PyPI, installed by ``bench.peers`` into its own
+    venv) in front of the replica, started as ``bench.peers`` starts it; ready when its /health
+    answers."""
+    argv = router_argv(system, bin_dir, port, [replica_url], metrics_port)
+    return Proc(argv, None, ready_url=f"http://127.0.0.1:{port}/health")
 
 
 def start_replica(profile: str, time_scale: float) -> Proc:

@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default=None,
                     help="comma-separated registry names: run exactly these policies instead of the "
                          "mode's list (the summary compares tao with the baselines that ran)")
+    ap.add_argument("--kv-events-credit", action="store_true",
+                    help="the router's cache credit from the engines' KV events (SimConfig.kv_events_credit) "
+                         "instead of usage-derived, decayed credit")
     ap.add_argument("--sessions-scale", default="1.0",
                     help="multiply configurations' session counts (at least their concurrency); <1 is faster. "
                          "One factor for all, or per setup: 'glm-1xTP8=0.5,2node-2xTP4=0.5' (others stay 1)")
@@ -148,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{FAST_MAX_TURNS} turns): " + ", ".join(f"{p.key} {p.sessions}/{p.concurrency}/{p.num_gpu_blocks}"
                                                                 for p in points))
     results, wall = run_grid(points, policies_of, args.seed, max_turns,
-                             args.jobs, on_result, Path(args.checkpoint) if args.checkpoint else None)
+                             args.jobs, on_result, Path(args.checkpoint) if args.checkpoint else None,
+                             kv_events_credit=args.kv_events_credit)
     by_point: dict[str, dict[str, Any]] = {p.key: {} for p in points}
     for r in results:
         by_point[r["point"]][r["policy"]] = r["metrics"]
@@ -164,9 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     console.print(lower_bound_table(by_point, bounds))
     console.print(each_baseline_table(summary))
     for key in ablation_points(by_point):
-        t = ablation_table(key, by_point[key])
-        if t is not None:
-            console.print(t)
+        ablation = ablation_table(key, by_point[key])
+        if ablation is not None:
+            console.print(ablation)
     mx = summary["maxima"]
     console.print(
         f"TAO beats the best system baseline on all four headline metrics in "
@@ -193,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"simulation summed over {len(results)} runs, jobs={args.jobs}); machine: {machine}")
     if args.json_out:
         doc = {
-            "quick": args.quick, "fast": args.fast, "max_turns": max_turns, "seed": args.seed, "jobs": args.jobs, "sessions_scale": scales,
+            "quick": args.quick, "fast": args.fast, "max_turns": max_turns, "seed": args.seed, "jobs": args.jobs, "sessions_scale": scales, "kv_events_credit": args.kv_events_credit,
             "runtime_s": wall,
             "simulation_s_summed": sim_wall, "simulation_cpu_s_summed": sim_cpu, "machine": machine, "targets": SEED_TARGETS,
             "configurations": [

@@ -30,8 +30,8 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
-from sim.engine.profiles import GLM47_FP8_H100X8, QWEN3_32B_H100X2, Profile
-from sim.workload.generate import GenerateOptions, generate
+from services.sim.engine.profiles import GLM47_FP8_H100X8, QWEN3_32B_H100X2, Profile
+from services.sim.workload.generate import GenerateOptions, generate
 
 QWEN3_32B_H100X4 = replace(QWEN3_32B_H100X2, name="qwen3-32b-h100x4", tp=4)
 """Qwen3-32B with TP4 on 4×H100 — the 2-node setup's stand-in model (see module docstring)."""
@@ -102,7 +102,7 @@ QUICK_MAX_TURNS = 12
 # ≤ 10 min wall with ``--jobs 2`` on a 2-core machine. The scaling keeps the contention regime:
 #
 # 1. turns per session are capped at ``FAST_MAX_TURNS`` (session i is still session i of the
-#    full trace, cut short: ``sim.workload.generate``);
+#    full trace, cut short: ``services.sim.workload.generate``);
 # 2. concurrency C' = round(c · C) with a per-(setup, workload) factor c (``FAST_CONCURRENCY_SCALE``);
 # 3. KV blocks per replica B' = ceil(B · (C'/C) · occ'/occ), where occ is the turn-weighted mean
 #    prompt of the trace (Σ over all turns of the prompt tokens / number of turns — the KV a

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.sim.grid import GridPoint
-from sim.cluster.lower_bound import LowerBound, cached_lower_bound
-from sim.cluster.metrics import upgrade_metrics
-from sim.cluster.runner import run_policy
-from sim.cluster.simulator import SimConfig
-from sim.workload.generate import GenerateOptions, generate
-from sim.workload.trace import Session
+from services.sim.cluster.lower_bound import LowerBound, cached_lower_bound
+from services.sim.cluster.metrics import upgrade_metrics
+from services.sim.cluster.runner import run_policy
+from services.sim.cluster.simulator import SimConfig
+from services.sim.workload.generate import GenerateOptions, generate
+from services.sim.workload.trace import TraceSession
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,10 +30,11 @@ class Task:
     policy: str
     seed: int
     max_turns: int | None
+    kv_events_credit: bool = False  # SimConfig.kv_events_credit: the router's credit from KV events
 
 
 @functools.lru_cache(maxsize=8)
-def _trace(kind: str, sessions: int, seed: int, max_turns: int | None) -> tuple[Session, ...]:
+def _trace(kind: str, sessions: int, seed: int, max_turns: int | None) -> tuple[TraceSession, ...]:
     return tuple(generate(GenerateOptions(kind=kind, sessions=sessions, seed=seed, max_turns=max_turns)))
 
 
@@ -42,7 +43,7 @@ def run_task(task: Task) -> dict[str, Any]:
     p = task.point
     trace = _trace(p.kind, p.sessions, task.seed, task.max_turns)
     cfg = SimConfig(replicas=p.replicas, profile=p.profile.name, concurrency=p.concurrency, seed=task.seed,
-                    num_gpu_blocks=p.num_gpu_blocks)
+                    num_gpu_blocks=p.num_gpu_blocks, kv_events_credit=task.kv_events_credit)
     out = run_policy(trace, task.policy, cfg, profile=p.profile)
     return {
         "point": p.key,
@@ -84,11 +85,12 @@ def run_grid(
     jobs: int,
     on_result: Callable[[dict[str, Any]], None] | None = None,
     checkpoint: Path | None = None,
+    kv_events_credit: bool = False,
 ) -> tuple[list[dict[str, Any]], float]:
     """All results (in grid order) and the wall time of the whole grid. With ``checkpoint``,
     every result is appended to that JSONL file as it arrives and results already there (same
     configuration, policy and session count) are reused, so an interrupted grid resumes."""
-    tasks = [Task(p, pol, seed, max_turns) for p in points for pol in policies_of(p)]
+    tasks = [Task(p, pol, seed, max_turns, kv_events_credit) for p in points for pol in policies_of(p)]
     order = {(t.point.key, t.policy): i for i, t in enumerate(tasks)}
     results: list[dict[str, Any] | None] = [None] * len(tasks)
     done = load_checkpoint(checkpoint)
