@@ -5,16 +5,26 @@
   testcontainers Redis when a Docker engine answers; else the test is skipped with the reason.
 - ``redis_url`` (function): that server's URL, flushed before each test.
 - ``redis_proc`` (function): a dedicated server that the test may kill and restart.
+- ``redis_cluster`` (function): a 3-master Redis Cluster on loopback (``redis+cluster://`` URL).
+- ``redis_sentinel`` (function): a master, a replica and 3 Sentinels (``redis+sentinel://`` URL).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
-from services.common.testing import RedisServer, external_redis_url, find_redis_binary
+from services.common.testing import (
+    RedisClusterProcs,
+    RedisSentinelProcs,
+    RedisServer,
+    external_redis_url,
+    find_redis_binary,
+    redis_cli_binary,
+)
 
 
 class _Server:
@@ -75,6 +85,16 @@ def redis_url(redis_server: _Server) -> str:
 
 
 @pytest.fixture
+async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    """An asyncio client (str responses) on the per-test ``redis_url``."""
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
 def redis_proc() -> Iterator[RedisServer]:
     binary = find_redis_binary()
     if binary is None:
@@ -85,6 +105,33 @@ def redis_proc() -> Iterator[RedisServer]:
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture
+def redis_cluster() -> Iterator[RedisClusterProcs]:
+    binary = find_redis_binary()
+    cli = redis_cli_binary(binary) if binary is not None else None
+    if binary is None or cli is None:
+        pytest.skip("Redis Cluster tests need redis-server and redis-cli (apt redis-server)")
+    cluster = RedisClusterProcs(binary, cli)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def redis_sentinel() -> Iterator[RedisSentinelProcs]:
+    binary = find_redis_binary()
+    if binary is None:
+        pytest.skip("Sentinel tests need a redis-server binary (apt redis-server or the 'embedded' extra)")
+    group = RedisSentinelProcs(binary)
+    try:
+        group.start()
+        yield group
+    finally:
+        group.stop()
 
 
 @pytest.fixture

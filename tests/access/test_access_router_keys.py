@@ -19,11 +19,12 @@ import pytest
 import redis.asyncio as aioredis
 
 from bench.faults.tap import ReplicaTap, TapLog
+from services.common import keys
 from services.common.settings import load_settings
 from services.common.testing import serve_in_process
 from services.router import auth
 from services.router.server import RouterApp, Settings
-from sim.vllm_sim.server import start_vllm_sim
+from services.sim.vllm_sim.server import start_vllm_sim
 from tao.router.v1 import router_pb2, router_pb2_grpc
 
 KEY_A = "sk-tenant-a-0123456789abcdef"
@@ -147,7 +148,7 @@ async def test_no_client_key_reaches_a_replica(gateway: Gateway, redis_url: str)
         assert rec.headers.get("authorization") == f"Bearer {UPSTREAM}"
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)
     try:
-        for key in await client.keys("tao:*"):
+        for key in await client.keys(f"{keys.PREFIX}:*"):
             kind = await client.type(key)
             values = [await client.get(key)] if kind == "string" else \
                 list((await client.hgetall(key)).values()) if kind == "hash" else []

@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.faults import badinput
 from bench.faults.env import MODEL, EnvConfig, FaultEnv
+from services.common import keys
 from services.common.testing import find_redis_binary
 from tao.router.v1 import router_pb2, router_pb2_grpc
 
@@ -54,7 +55,7 @@ def _router_probe(env: FaultEnv, http: httpx.Client) -> Any:
 
     def probe() -> Any:
         health = http.get("/health").json()
-        return health["sessions"], health["held_requests"], sorted(redis.hkeys("tao:router:sessions"))
+        return health["sessions"], health["held_requests"], sorted(redis.hkeys(keys.SESSIONS))
 
     return probe
 

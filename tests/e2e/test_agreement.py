@@ -17,18 +17,20 @@ CMD = [sys.executable, "-m", "bench.agreement"]
 
 #: metrics whose simulator and live definitions agree on this tiny trace; TTFT is left out:
 #: its model values are tens of ms, so the live stack's wall-clock overhead x time scale
-#: (hundreds of model ms at scale 40) decides its live order
+#: (hundreds of model ms at scale 20) decides its live order
 RANKED = ("mean_task_latency_s", "p90_task_latency_s", "decode_tok_s_makespan", "prefix_hit_rate")
 #: the two worlds may order a pair differently only when the simulator calls it a near-tie
 NEAR_TIE_PCT = 5.0
 POLICIES = ("tao", "round_robin", "least_loaded")
+#: live vs simulated prefix hit rate, per policy whose placement depends on timing
+HIT_TOLERANCE = {"least_loaded": 0.06}
 
 
 @pytest.mark.timeout(240)
 def test_agreement_small_trace(tmp_path: Path) -> None:
     out = tmp_path / "agree.json"
     proc = subprocess.run(CMD + ["--kind", "chat-bursty", "--sessions", "3", "--concurrency", "3",
-                                 "--policies", ",".join(POLICIES), "--time-scale", "40", "--json", str(out),
+                                 "--policies", ",".join(POLICIES), "--time-scale", "20", "--json", str(out),
                                  "--log-dir", str(tmp_path / "logs")],
                           capture_output=True, text=True, timeout=230)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -42,8 +44,11 @@ def test_agreement_small_trace(tmp_path: Path) -> None:
         # (live adds wall-clock overhead x time scale; CI machines are loaded)
         assert 0.5 < live[policy]["mean_task_latency_s"] / sim[policy]["mean_task_latency_s"] < 2.0, policy
         # token content is deterministic and placement follows the same policy code, so the
-        # replicas' prefix caches see the same hits in both worlds
-        assert abs(live[policy]["prefix_hit_rate"] - sim[policy]["prefix_hit_rate"]) <= 0.02, policy
+        # replicas' prefix caches see the same hits in both worlds; least_loaded places each
+        # request by the in-flight counts at its arrival, which wall-clock jitter on a loaded
+        # machine changes (one turn placed differently moves its hit rate by ~0.04)
+        tolerance = HIT_TOLERANCE.get(policy, 0.02)
+        assert abs(live[policy]["prefix_hit_rate"] - sim[policy]["prefix_hit_rate"]) <= tolerance, policy
     by_metric = {a["metric"]: a for a in doc["agreement"]}
     assert list(by_metric) == list(COMPARED)
     for a in doc["agreement"]:

@@ -12,7 +12,6 @@ the module and is healed (proxies to pass, children thawed and restarted) betwee
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 from bench.faults import scenarios
 from bench.faults.env import EnvConfig, FaultEnv
 from services.common.testing import find_redis_binary
+from tests.faults.stacks import healed, started
 
 pytestmark = [
     pytest.mark.slow,
@@ -31,20 +31,12 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultEnv]:
     log_dir: Path = tmp_path_factory.mktemp("fault-stack-logs")
-    fault_env = FaultEnv(EnvConfig(log_dir=log_dir))
-    try:
-        fault_env.start()
-        yield fault_env
-    finally:
-        fault_env.stop()
+    yield from started(FaultEnv(EnvConfig(log_dir=log_dir)))
 
 
 @pytest.fixture
 def healthy(env: FaultEnv) -> FaultEnv:
-    env.heal()
-    status = asyncio.run(env.wait_serving(timeout_s=20))
-    assert all(s == "SERVING" for s in status.values()), f"stack not healthy before the test: {status}"
-    return env
+    return healed(env, timeout_s=20)
 
 
 def _run(result: scenarios.ScenarioResult, env: FaultEnv) -> None:

@@ -18,14 +18,14 @@ from aiohttp import web
 
 from services.driver.driver import DriverConfig, TraceDriver
 from services.driver.results import metrics_of, pause_threshold_s
-from sim.workload.trace import Session, Tool, Turn
+from services.sim.workload.trace import Tool, TraceSession, Turn
 
 HOLD_MODEL_S = 20.0  # the fake router holds turn 1 of every session this long (model seconds)
 
 
-def _sessions(n: int) -> list[Session]:
+def _sessions(n: int) -> list[TraceSession]:
     tool = Tool(name="bash", command="ls", duration_s=1.0)
-    return [Session(session_id=f"s{i}", tenant="default", arrival_s=0.0, system_prompt_tokens=0,
+    return [TraceSession(session_id=f"s{i}", tenant="default", arrival_s=0.0, system_prompt_tokens=0,
                     turns=(Turn(append_tokens=10, output_tokens=3, tool=tool),
                            Turn(append_tokens=10, output_tokens=3, tool=None)))
             for i in range(n)]

@@ -10,6 +10,7 @@ from bench.peers.core import (
     DEFAULT_SYSTEMS,
     HEADERS,
     System,
+    kv_event_router_args,
     markdown_table,
     parse_system,
     parse_systems,
@@ -56,6 +57,26 @@ def test_router_argv() -> None:
     assert f[:3] == ["py", "-m", "bench.peers.rrproxy"] and f.count("--replica") == 2
     with pytest.raises(ValueError):
         router_argv(System("tao", "tao"), "/b", 1, reps, 2)
+
+
+def test_kv_aware_gets_the_replicas_kv_event_sources() -> None:
+    reps = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    kv = System("vllm-router", "kv_aware")
+    assert kv.needs_kv_events and "vllm-router:kv_aware" in DEFAULT_SYSTEMS
+    assert not System("vllm-router", "cache_aware").needs_kv_events and not System("tao", "tao").needs_kv_events
+    sources = {reps[0]: {"data_parallel_rank": 0, "endpoint": "tcp://127.0.0.1:5001",
+                         "replay_endpoint": "tcp://127.0.0.1:5002", "topic": ""},
+               reps[1]: {"data_parallel_rank": 0, "endpoint": "tcp://127.0.0.1:5003", "replay_endpoint": None,
+                         "topic": ""}}
+    args = kv_event_router_args(sources, "Qwen/Qwen3-32B", 16)
+    assert args == ["--kv-event-source", "http://127.0.0.1:1=tcp://127.0.0.1:5001",
+                    "--kv-event-replay-source", "http://127.0.0.1:1=tcp://127.0.0.1:5002",
+                    "--kv-event-source", "http://127.0.0.1:2=tcp://127.0.0.1:5003",
+                    "--kv-event-model", "Qwen/Qwen3-32B", "--kv-event-block-size", "16"]
+    v = router_argv(kv, "/b", 1, reps, 2, kv_args=args)
+    assert v[v.index("--policy") + 1] == "kv_aware" and v[-len(args):] == args
+    with pytest.raises(ValueError, match="KV-event sources"):
+        router_argv(kv, "/b", 1, reps, 2)
 
 
 def _run(lat: float, ttft: float, errors: int = 0) -> dict[str, object]:

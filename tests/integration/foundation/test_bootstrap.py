@@ -10,7 +10,7 @@ import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from services.common.bootstrap import ServiceContext, start_service
+from services.common.bootstrap import LIVENESS_SERVICE, ServiceContext, start_service
 from services.common.errors import InvalidArgument, StartupError
 from services.common.settings import ServiceSettings, load_settings
 from services.common.testing import RedisServer, health_status, serve_in_process, wait_until_serving
@@ -97,6 +97,8 @@ async def test_health_follows_redis(redis_proc: RedisServer) -> None:
 
             await asyncio.sleep(0.1)
         assert await health_status(running.address) == "NOT_SERVING"
+        # the liveness name stays SERVING: an outage of Redis must not restart pods (deploy/kubernetes)
+        assert await health_status(running.address, LIVENESS_SERVICE) == "SERVING"
         redis_proc.start()
         await wait_until_serving(running.address, timeout_s=15)
 

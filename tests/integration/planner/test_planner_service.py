@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 import redis.asyncio as aioredis
 
 from services.common import keys
-from services.common.records import CacheObservation, PredictionRecord, ReplicaRecord, SessionRecord, load
+from services.common.core.evidence import CacheEvidence
+from services.common.records import PredictionRecord, ReplicaRecord, SessionRecord, load
 from services.common.settings import load_settings
 from services.common.testing import RedisServer, serve_in_process
 from services.planner.convert import PlannerPlanRecord
@@ -35,10 +35,10 @@ async def _write_state(r: aioredis.Redis, epoch: str = ROUTER_EPOCH) -> None:
     replicas = [ReplicaRecord(epoch=epoch, rev=1, replica_id=rid, url=f"http://{rid}", healthy=True,
                               kv_capacity_tokens=10_000, capacity_tokens=9_500, used_tokens=used,
                               updated_at_unix_s=now) for rid, used in (("r0", 9_000), ("r1", 1_500))]
-    hot = CacheObservation(replica="r0", resident_tokens=3_000, prompt_tokens=2_800, cached_tokens=2_000,
-                           processed_tokens=3_000, observed_at_unix_s=now - 1, kind="cached_tokens")
-    warm = CacheObservation(replica="r1", resident_tokens=2_000, prompt_tokens=1_900, cached_tokens=1_000,
-                            processed_tokens=2_000, observed_at_unix_s=now - 1, kind="cached_tokens")
+    hot = CacheEvidence(replica="r0", resident_tokens=3_000, prompt_tokens=2_800, cached_tokens=2_000,
+                           processed_tokens=3_000, observed_at_s=now - 1, kind="cached_tokens")
+    warm = CacheEvidence(replica="r1", resident_tokens=2_000, prompt_tokens=1_900, cached_tokens=1_000,
+                            processed_tokens=2_000, observed_at_s=now - 1, kind="cached_tokens")
     sessions = [
         SessionRecord(epoch=epoch, rev=1, session_id="held", tenant="a", phase="WAITING", footprint_tokens=3_000,
                       cache=(warm,), created_at_unix_s=now, updated_at_unix_s=now, waiting_since_unix_s=now),
@@ -49,15 +49,6 @@ async def _write_state(r: aioredis.Redis, epoch: str = ROUTER_EPOCH) -> None:
     ]
     await r.hset(keys.REPLICAS, mapping={x.replica_id: x.model_dump_json() for x in replicas})
     await r.hset(keys.SESSIONS, mapping={x.session_id: x.model_dump_json() for x in sessions})
-
-
-@pytest.fixture
-async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 async def test_rounds_publish_plans_with_increasing_revisions(redis_url: str, redis_client: aioredis.Redis) -> None:

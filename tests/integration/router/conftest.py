@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 from router_harness import TIME_SCALE
 
-from sim.vllm_sim.server import RunningSim, start_vllm_sim
+from services.sim.vllm_sim.server import RunningSim, start_vllm_sim
 
 
 @pytest.fixture

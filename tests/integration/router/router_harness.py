@@ -15,6 +15,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from services.common.redis_client import make_redis
 from services.common.settings import load_settings
 from services.common.testing import serve_in_process
 from services.router.runtime import RouterRuntime
@@ -52,7 +53,7 @@ async def start_router(redis_url: str, replicas: list[str], **overrides: Any) ->
     }
     settings = load_settings(Settings, redis_url=redis_url, **values)
     app = RouterApp(settings)
-    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    client = make_redis(settings)  # any redis_url form (a Cluster's too)
     try:
         async with serve_in_process("router", app, settings) as running:
             router = Router(app, running.address, client)

@@ -15,7 +15,7 @@ from router_harness import MODEL, Router, start_router, wait_for
 
 from services.common import keys
 from services.common.records import AllocationRecord, AssignmentRecord, PlanRecord, SessionRecord, dump, load
-from sim.vllm_sim.server import RunningSim
+from services.sim.vllm_sim.server import RunningSim
 from tao.common.v1 import common_pb2
 from tao.router.v1 import router_pb2, router_pb2_grpc
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 from router_harness import MODEL, SimProcess, start_router, wait_for
 
-from sim.vllm_sim.server import RunningSim
+from services.sim.vllm_sim.server import RunningSim
 
 MSG = [{"role": "user", "content": "Refactor the parser module and explain. " * 10}]
 

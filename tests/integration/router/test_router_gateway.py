@@ -17,7 +17,7 @@ from router_harness import MODEL, start_router, wait_for
 from services.common import keys
 from services.common.records import SessionRecord, TenantDemandRecord, load
 from services.router.auth import hash_entry
-from sim.vllm_sim.server import RunningSim
+from services.sim.vllm_sim.server import RunningSim
 
 MSG = [{"role": "user", "content": "Summarise the repository layout in one line. " * 20}]
 
@@ -131,7 +131,7 @@ async def test_bad_input_gets_openai_errors_and_changes_nothing(redis_url: str, 
             (json.dumps({"model": MODEL, "messages": "hi"}).encode(), good, 400, "invalid_type"),
             (json.dumps({"model": MODEL, "messages": MSG, "max_tokens": "2"}).encode(), good, 400, "invalid_type"),
             (json.dumps({"model": MODEL}).encode(), good, 400, "missing_required_parameter"),
-            (json.dumps({"model": "no-such-model", "messages": MSG}).encode(), good, 404, "model_not_found"),
+            (json.dumps({"model": "no-such-model", "messages": MSG}).encode(), good, 404, 404),  # vLLM's code
             (json.dumps({"model": MODEL, "messages": MSG, "pad": "x" * 70_000}).encode(), good, 413,
              "request_too_large"),
             (ok, {"Authorization": "Bearer sk-wrong"}, 401, "invalid_api_key"),

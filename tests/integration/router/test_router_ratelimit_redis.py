@@ -20,7 +20,7 @@ from services.common import keys
 from services.router import auth
 from services.router.core.ratelimit import RateLimit, gcra
 from services.router.ratelimit import RateLimiter
-from sim.vllm_sim.server import RunningSim
+from services.sim.vllm_sim.server import RunningSim
 
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 TIMEOUT = aiohttp.ClientTimeout(total=30)

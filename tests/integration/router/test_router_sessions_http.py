@@ -16,7 +16,7 @@ from router_harness import MODEL, Router, start_router, wait_for
 from services.common import keys
 from services.common.records import AssignmentRecord, PlanRecord, PredictionRecord, dump
 from services.router import explain_cli, sessions_cli
-from sim.vllm_sim.server import RunningSim
+from services.sim.vllm_sim.server import RunningSim
 
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hello " * 30}], "max_tokens": 3}
 TIMEOUT = aiohttp.ClientTimeout(total=30)

@@ -12,7 +12,7 @@ from router_harness import MODEL, start_router, wait_for
 from services.common import keys
 from services.common.records import ReplicaRecord, SessionRecord, load
 from services.common.testing import RedisServer
-from sim.vllm_sim.server import RunningSim
+from services.sim.vllm_sim.server import RunningSim
 
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "plan the change " * 20}], "max_tokens": 3}
 

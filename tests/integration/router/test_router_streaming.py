@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 from router_harness import MODEL, start_router, wait_for
 
-from sim.vllm_sim.server import RunningSim
+from services.sim.vllm_sim.server import RunningSim
 
 MSG = [{"role": "user", "content": "Trace the failing call and explain it. " * 10}]
 

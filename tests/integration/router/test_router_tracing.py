@@ -23,7 +23,7 @@ from opentelemetry.trace import SpanKind
 from test_router_admission import publish_plan
 
 from services.common import tracing
-from sim.vllm_sim.server import RunningSim, SimServer, start_vllm_sim
+from services.sim.vllm_sim.server import RunningSim, SimServer, start_vllm_sim
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"

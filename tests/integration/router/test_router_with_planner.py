@@ -12,7 +12,7 @@ from services.common.settings import load_settings
 from services.common.testing import serve_in_process
 from services.planner.server import PlannerApp
 from services.planner.server import Settings as PlannerSettings
-from sim.vllm_sim.server import RunningSim
+from services.sim.vllm_sim.server import RunningSim
 from tao.router.v1 import router_pb2, router_pb2_grpc
 
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "fix the flaky test " * 20}], "max_tokens": 4}

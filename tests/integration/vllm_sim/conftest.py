@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.vllm_sim.server import RunningSim, start_vllm_sim
+from services.sim.vllm_sim.server import RunningSim, start_vllm_sim
 
 FAST = 2000.0  # model time 2000x faster than wall time keeps tests quick
 REPO = Path(__file__).resolve().parents[3]

@@ -9,7 +9,7 @@ import aiohttp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.vllm_sim.server import start_vllm_sim
+from services.sim.vllm_sim.server import start_vllm_sim
 
 _scalars = st.one_of(st.none(), st.booleans(), st.integers(-(10**12), 10**12),
                      st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20))
@@ -46,7 +46,7 @@ _body = st.one_of(
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(bodies=st.lists(st.tuples(st.sampled_from(["/v1/chat/completions", "/v1/completions"]), _body),
+@given(bodies=st.lists(st.tuples(st.sampled_from(["/v1/chat/completions", "/v1/completions", "/tokenize"]), _body),
                        min_size=1, max_size=1))
 async def test_random_bodies_never_500(bodies: list[tuple[str, Any]]) -> None:
     async with start_vllm_sim("qwen3-32b-h100x2", port=0, time_scale=5000.0, max_model_len=4096) as sim, \

@@ -11,9 +11,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sim.engine import synthetic_token_id
-from sim.vllm_sim.server import RunningSim, start_vllm_sim
-from sim.vllm_sim.tokenizer import LEXICON
+from services.sim.engine import synthetic_token_id
+from services.sim.vllm_sim.server import RunningSim, start_vllm_sim
+from services.sim.vllm_sim.tokenizer import LEXICON
 
 
 async def _post(sim: RunningSim, path: str, body: Any, raw: bytes | None = None) -> tuple[int, Any]:
@@ -200,7 +200,7 @@ async def test_render_endpoints_answer_prompt_token_ids_like_vllm(sim: RunningSi
     """vLLM's render API (vllm/entrypoints/serve/render): the prompt's token ids as a
     GenerateRequest, nothing generated. vllm-router asks it for token-level prefix routing
     (cache_aware, program scheduling) and falls back to the request text when it is 404."""
-    from sim.vllm_sim.tokenizer import apply_chat_template, encode
+    from services.sim.vllm_sim.tokenizer import apply_chat_template, encode
 
     status, body = await _post(sim, CHAT + "/render", {"messages": MSG, "max_tokens": 7})
     assert status == 200 and body["token_ids"] == apply_chat_template(MSG)

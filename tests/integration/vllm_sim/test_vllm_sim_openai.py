@@ -9,7 +9,7 @@ from typing import Any
 
 import openai
 
-from sim.vllm_sim.server import RunningSim
+from services.sim.vllm_sim.server import RunningSim
 
 LONG_SYSTEM = " ".join(f"rule{i} says do thing{i % 37} carefully" for i in range(400))
 

@@ -96,7 +96,7 @@ def test_sessions_scale_for_all_or_per_setup() -> None:
 def test_two_node_stand_in_is_tp4_with_its_kv_cache() -> None:
     """The 2-node setup's replicas are Qwen3-32B on 4×H100 (TP4), not a renamed TP2 profile."""
     from bench.sim.grid import QWEN3_32B_H100X4
-    from sim.engine import Engine
+    from services.sim.engine import Engine
 
     assert QWEN3_32B_H100X4.tp == 4
     assert Engine(QWEN3_32B_H100X4).num_gpu_blocks * 16 > 800_000

@@ -14,23 +14,23 @@ import pytest
 
 from services.planner.core.model import Assignment, Plan
 from services.planner.core.registry import POLICIES, make_policy
-from sim.cluster import SimConfig
-from sim.cluster.runner import compare, run_policy
-from sim.cluster.simulator import _STEP_DONE as STEP_DONE
-from sim.cluster.simulator import ClusterSim, SimulationError
-from sim.workload.generate import GenerateOptions, generate
-from sim.workload.trace import Session, write_trace
+from services.sim.cluster import SimConfig
+from services.sim.cluster.runner import compare, run_policy
+from services.sim.cluster.simulator import _STEP_DONE as STEP_DONE
+from services.sim.cluster.simulator import ClusterSim
+from services.sim.workload.generate import GenerateOptions, generate
+from services.sim.workload.trace import TraceSession, write_trace
 
 SMALL = SimConfig(replicas=2, profile="qwen3-32b-h100x2", num_gpu_blocks=1100, tick_s=0.5)
 
 
-def _trace(n: int = 8, seed: int = 1) -> list[Session]:
+def _trace(n: int = 8, seed: int = 1) -> list[TraceSession]:
     return generate(GenerateOptions(kind="swe-lite", sessions=n, seed=seed, max_turns=6,
                                     max_context_tokens=9000))
 
 
-def _hand_session(sid: str, turns: list[tuple[int, int, float | None]], arrival: float = 0.0) -> Session:
-    return Session.model_validate({
+def _hand_session(sid: str, turns: list[tuple[int, int, float | None]], arrival: float = 0.0) -> TraceSession:
+    return TraceSession.model_validate({
         "session_id": sid, "tenant": "t", "arrival_s": arrival, "system_prompt_tokens": 32,
         "shared_prefix_id": "sys",
         "turns": [{"append_tokens": a, "output_tokens": o,
@@ -209,10 +209,23 @@ def test_oracle_readiness_comes_from_the_true_tool_end() -> None:
     assert ClusterSim(trace, make_policy("oracle"), SMALL).truth
 
 
-def test_request_larger_than_the_kv_cache_is_refused() -> None:
-    big = [_hand_session("a", [(20000, 10, None)])]
-    with pytest.raises(SimulationError, match="does not fit max_model_len"):
-        ClusterSim(big, make_policy("tao"), SMALL)
+@pytest.mark.parametrize("policy", ["tao", "round_robin"])
+def test_a_request_past_max_model_len_ends_its_session_as_vllm_400_does(policy: str) -> None:
+    # SMALL: max_model_len 17,584 (1,099 usable blocks of 16). "long"'s turn 1 prompt (17,132
+    # tokens) fits, but prompt + max_tokens (17,732) does not: vLLM answers 400 and the live
+    # driver ends the session there, uncompleted. The simulator used to run it to the length
+    # limit and count the task as completed, so its latency entered the mean only there.
+    long = _hand_session("long", [(9000, 100, 5.0), (8000, 600, 1.0), (10, 10, None)])
+    huge = _hand_session("huge", [(20000, 10, None)])  # a prompt past max_model_len: 400 too
+    short = _hand_session("short", [(500, 50, 2.0), (300, 40, None)])
+    out = run_policy([long, huge, short], policy, SMALL)
+    assert out.run.incomplete == []
+    assert sorted(out.run.failed) == ["huge", "long"]
+    assert [s.session_id for s in out.run.sessions] == ["short"]
+    assert out.metrics["completed_sessions"] == 1
+    assert sorted((r.session_id, r.turn) for r in out.run.requests) == [("long", 0), ("short", 0), ("short", 1)]
+    short_latency = out.run.sessions[0].end_s - out.run.sessions[0].start_s
+    assert out.metrics["mean_task_latency_s"] == pytest.approx(short_latency)
 
 
 def test_compare_json_shape() -> None:

@@ -19,7 +19,7 @@ from bench.sim.grid import (
     _occupancy_and_max,
     fast_grid,
 )
-from sim.workload.generate import GenerateOptions, generate
+from services.sim.workload.generate import GenerateOptions, generate
 
 
 def test_fast_grid_mirrors_the_full_grid() -> None:

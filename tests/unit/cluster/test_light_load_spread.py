@@ -12,18 +12,18 @@ from collections import Counter
 import pytest
 
 from services.planner.core.registry import make_policy
-from sim.cluster.simulator import ClusterSim, SimConfig
-from sim.workload.trace import Session, Tool, Turn
+from services.sim.cluster.simulator import ClusterSim, SimConfig
+from services.sim.workload.trace import Tool, TraceSession, Turn
 
 
-def _trace(sessions: int = 32, turns: int = 3) -> list[Session]:
+def _trace(sessions: int = 32, turns: int = 3) -> list[TraceSession]:
     out = []
     for k in range(sessions):
         steps = []
         for t in range(turns):
             tool = None if t == turns - 1 else Tool(name="bash", command="ls", duration_s=2.0 + (k % 5) * 0.5)
             steps.append(Turn(append_tokens=300, output_tokens=120, tool=tool))
-        out.append(Session(session_id=f"s{k:02d}", tenant="t", arrival_s=0.25 * k, system_prompt_tokens=500,
+        out.append(TraceSession(session_id=f"s{k:02d}", tenant="t", arrival_s=0.25 * k, system_prompt_tokens=500,
                            turns=tuple(steps)))
     return out
 

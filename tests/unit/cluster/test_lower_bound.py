@@ -7,15 +7,15 @@ from dataclasses import replace
 
 import pytest
 
-from sim.cluster import SimConfig
-from sim.cluster.lower_bound import cached_lower_bound, lower_bound
-from sim.cluster.runner import compare
-from sim.engine import ChainCache, Engine, EngineRequest, get_profile
-from sim.workload.generate import GenerateOptions, generate
-from sim.workload.trace import Session
+from services.sim.cluster import SimConfig
+from services.sim.cluster.lower_bound import cached_lower_bound, lower_bound
+from services.sim.cluster.runner import compare
+from services.sim.engine import ChainCache, Engine, EngineRequest, get_profile
+from services.sim.workload.generate import GenerateOptions, generate
+from services.sim.workload.trace import TraceSession
 
 
-def _alone_on_engine(s: Session, profile_name: str, budget: int | None = None) -> float:
+def _alone_on_engine(s: TraceSession, profile_name: str, budget: int | None = None) -> float:
     """The session alone on a real engine, stepped one step at a time (the reference)."""
     profile = get_profile(profile_name)
     if budget is not None:

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.engine import kv_cache
-from sim.engine.kv_cache import BlockPool, KVRequest
-from sim.engine.tokens import (
+from services.sim.engine import kv_cache
+from services.sim.engine.kv_cache import BlockPool, KVRequest
+from services.sim.engine.tokens import (
     BLOCK_SIZE,
     ROOT_HASH,
     ChainCache,

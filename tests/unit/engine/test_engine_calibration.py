@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from sim.engine import PROFILES, Engine, EngineRequest, StepTimeModel, get_profile
-from sim.engine.profiles import CODELLAMA_34B, GLM47_FP8, H100_SXM, QWEN3_32B, QWEN25_3B, Profile
-from sim.engine.tokens import SyntheticContent
+from services.sim.engine import PROFILES, Engine, EngineRequest, StepTimeModel, get_profile
+from services.sim.engine.profiles import CODELLAMA_34B, GLM47_FP8, H100_SXM, QWEN3_32B, QWEN25_3B, Profile
+from services.sim.engine.tokens import SyntheticContent
 
 
 def test_model_shapes_give_published_parameter_counts() -> None:

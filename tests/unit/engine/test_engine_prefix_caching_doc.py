@@ -12,8 +12,8 @@ queue (7 8 9 4 3 6 5); it is allocated 0 1 2 7 8 9 4 3, and block 3 is evicted.
 
 from __future__ import annotations
 
-from sim.engine.kv_cache import BlockPool, KVRequest
-from sim.engine.tokens import TokenListContent
+from services.sim.engine.kv_cache import BlockPool, KVRequest
+from services.sim.engine.tokens import TokenListContent
 
 BS = 4
 

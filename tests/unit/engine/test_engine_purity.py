@@ -1,18 +1,18 @@
-"""sim/engine is a pure core: no I/O, no event loop, no wall clock."""
+"""services/sim/engine is a pure core: no I/O, no event loop, no wall clock."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-import sim.engine
+from services.sim import engine
 
 FORBIDDEN = {"asyncio", "time", "datetime", "aiohttp", "grpc", "redis", "httpx", "prometheus_client",
              "requests", "socket", "threading", "random"}
 
 
 def test_engine_imports_nothing_impure() -> None:
-    root = Path(sim.engine.__file__).parent
+    root = Path(engine.__file__).parent
     files = sorted(root.glob("*.py"))
     assert len(files) >= 6
     for path in files:

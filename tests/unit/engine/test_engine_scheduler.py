@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.engine import Engine, EngineRequest, StepResult, get_profile
-from sim.engine.tokens import ChainCache, SyntheticContent
+from services.sim.engine import Engine, EngineRequest, StepResult, get_profile
+from services.sim.engine.tokens import ChainCache, SyntheticContent
 
 PROFILE = get_profile("qwen3-32b-h100x1")
 

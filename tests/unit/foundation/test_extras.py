@@ -10,7 +10,7 @@ prove the same thing, offline and in seconds:
   services/common/extras.py agrees with pyproject;
 * the code: a fresh interpreter of this venv with an import hook that makes matplotlib, rich
   and hypothesis unimportable (as in an install without the extras) imports every module of
-  services/ and sim/ and the shipped bench commands, runs `tao serve <svc> --help` for the four
+  services/ and services/sim/ and the shipped bench commands, runs `tao serve <svc> --help` for the four
   services and `tao workload generate`, and gets the one-line error naming the extra from
   `tao up`, `tao sim run` and `tao check faults`.
 """
@@ -52,7 +52,7 @@ def _try(name):
     except BaseException as exc:
         failed.append(f"{name}: {type(exc).__name__}: {exc}")
 names = []
-for pkg in ("services", "sim"):
+for pkg in ("services",):
     mod = importlib.import_module(pkg)
     for info in pkgutil.walk_packages(mod.__path__, pkg + ".", onerror=lambda n: failed.append(f"{n}: walk")):
         if not info.name.endswith("__main__"):
@@ -111,7 +111,7 @@ def test_every_shipped_module_imports_without_the_extras() -> None:
     assert result["leaked"] == []
     servers = {f"services.{s}.server" for s in ("router", "planner", "predictor", "budget")}
     assert servers <= set(result["imported"])
-    assert {"services.up.cli", "services.driver.cli", "sim.cluster.cli", "sim.cluster.plots"} <= set(result["imported"])
+    assert {"services.up.cli", "services.driver.cli", "services.sim.cluster.cli", "services.sim.cluster.plots"} <= set(result["imported"])
 
 
 @pytest.mark.parametrize("service", ["router", "planner", "predictor", "budget"])

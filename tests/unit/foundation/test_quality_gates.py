@@ -14,11 +14,13 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff_is_clean() -> None:
-    result = _run("ruff", "check", "services", "sim", "bench", "tests", "scripts")
+    result = _run("ruff", "check", "services", "bench", "tests", "scripts")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_mypy_strict_on_cores_and_typed_common() -> None:
-    cores = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "services").glob("*/core")) if any(p.glob("*.py"))]
-    result = _run("mypy", "--no-error-summary", *cores, "services/common", "sim/engine")
+    # services/common/core is checked as part of services/common (naming it twice is a duplicate module)
+    cores = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "services").glob("*/core"))
+             if any(p.glob("*.py")) and p.parent.name != "common"]
+    result = _run("mypy", "--no-error-summary", *cores, "services/common", "services/sim/engine")
     assert result.returncode == 0, result.stdout + result.stderr

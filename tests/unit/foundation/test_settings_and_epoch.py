@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,11 +37,29 @@ def test_precedence_override_env_file(tmp_path: Path, monkeypatch: pytest.Monkey
         ({"log_level": "loud"}, "log_level"),
     ],
 )
-def test_bad_settings_give_one_clear_line(overrides: dict[str, object], fragment: str) -> None:
+def test_bad_settings_give_one_clear_line(overrides: dict[str, Any], fragment: str) -> None:
     with pytest.raises(StartupError) as exc:
         load_settings(DemoSettings, **overrides)
     message = str(exc.value)
     assert "\n" not in message and fragment in message and message.startswith("invalid demo settings")
+
+
+class ListSettings(ServiceSettings):
+    service_name = "demo"
+    model_config = ServiceSettings.model_config | {"env_prefix": "TAO_DEMO_"}
+    names: list[str] = []
+
+
+def test_a_list_setting_in_the_environment_that_is_not_json_is_one_clear_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TAO_DEMO_NAMES", '["a", "b"]')
+    assert load_settings(ListSettings).names == ["a", "b"]
+    monkeypatch.setenv("TAO_DEMO_NAMES", "a,b")
+    with pytest.raises(StartupError) as exc:
+        load_settings(ListSettings)
+    message = str(exc.value)
+    assert "\n" not in message and message.startswith("invalid demo settings") and '"names"' in message
+    assert "are JSON" in message
 
 
 def test_bad_config_file(tmp_path: Path) -> None:

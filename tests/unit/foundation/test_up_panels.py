@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 
-from services.up.panels import Scrape, panels, parse, quantile, write_panels
+from services.common.stats import histogram_quantile
+from services.up.panels import Scrape, panels, parse, write_panels
 
 TEXT = """# TYPE tao_router_sessions gauge
 tao_router_sessions{{phase="WAITING"}} {waiting}
@@ -23,10 +25,10 @@ tao_budget_cap_slots{{tenant="A"}} 8
 
 
 def test_quantile_interpolates_like_histogram_quantile() -> None:
-    buckets = {0.1: 5.0, 1.0: 10.0, float("inf"): 10.0}
-    assert quantile(0.5, buckets) == pytest.approx(0.1)
-    assert quantile(0.75, buckets) == pytest.approx(0.55)
-    assert quantile(0.5, {1.0: 0.0}) is None
+    buckets = {0.1: 5.0, 1.0: 10.0, float("inf"): 10.0}.items()
+    assert histogram_quantile(buckets, 50) == pytest.approx(0.1)
+    assert histogram_quantile(buckets, 75) == pytest.approx(0.55)
+    assert math.isnan(histogram_quantile({1.0: 0.0}.items(), 50))
 
 
 def test_panels_from_scrapes_and_pngs(tmp_path: Path) -> None:

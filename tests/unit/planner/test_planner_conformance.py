@@ -2,8 +2,9 @@
 
 Admission-gating policies: on each healthy replica the footprints newly admitted fit in
 capacity − used + footprints of the ACTING sessions the plan pauses there. Per-request
-routers: every held request is routed exactly once, to a healthy replica, and nothing else.
-All: no session twice, nothing on an unhealthy replica, pauses only of admitted sessions,
+routers: every held request that a healthy replica serving its model exists for is routed
+exactly once, to a healthy replica, and nothing else. All: no session twice, nothing on an
+unhealthy replica or on one that does not serve the session's model, pauses only of admitted sessions,
 deterministic (fresh instances, same snapshots -> same plans) and independent of the order
 of the snapshot's lists, objective = the full TAO value of the assignments.
 """
@@ -18,8 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.planner.instances import random_snapshot
+from services.common.core.evidence import CacheEvidence
 from services.planner.core import POLICIES, Plan, Snapshot, UnknownPolicyError, make_policy
-from services.planner.core.model import CreditEvidence, ReplicaState, SessionState
+from services.planner.core.model import ReplicaState, SessionState
 from services.planner.core.policy import CANDIDATE_PHASES, full_objective
 
 TAO_FAMILY = ("tao", "tao-no-decay", "tao-no-readiness", "tao-bfd", "tao-ta-pause", "sjf")
@@ -39,7 +41,8 @@ def small_snapshots(draw: st.DrawFn) -> Snapshot:
     rng = random.Random(draw(st.integers(0, 2**32 - 1)))
     replicas = tuple(
         ReplicaState(f"r{j}", rng.choice([0, 10, 40, 100]), rng.choice([0, 5, 30, 120]), healthy=rng.random() < 0.8,
-                     running=rng.randint(0, 3), waiting=rng.randint(0, 3), prefix_hit_rate=rng.random())
+                     running=rng.randint(0, 3), waiting=rng.randint(0, 3), prefix_hit_rate=rng.random(),
+                     models=rng.choice(MODEL_SETS), block_size=rng.choice([16, 32]))
         for j in range(n)
     )
     sessions = []
@@ -47,7 +50,7 @@ def small_snapshots(draw: st.DrawFn) -> Snapshot:
         admitted = rng.random() < 0.3
         home = f"r{rng.randrange(n)}"
         credits = tuple(
-            CreditEvidence(f"r{rng.randrange(n)}", rng.choice([0, 5, 20, 50]), rng.uniform(80, 100),
+            CacheEvidence.of_credit(f"r{rng.randrange(n)}", rng.choice([0, 5, 20, 50]), rng.uniform(80, 100),
                            rng.choice(["kv_events", "cached_tokens", "volume"]))
             for _ in range(rng.randint(0, 2))
         )
@@ -56,6 +59,7 @@ def small_snapshots(draw: st.DrawFn) -> Snapshot:
             phase=rng.choice(["RUNNING", "ACTING"] if admitted else ["WAITING", "ACTING", "PAUSED", "RUNNING", "ENDED"]),
             replica=home if admitted else None, admitted=admitted, context_tokens=rng.choice([0, 8, 30]),
             acting_since_s=rng.uniform(90, 100), waiting_since_s=rng.uniform(90, 100),
+            model=rng.choice(["", "m1", "m2"]),
         ))
     headroom = {"a": rng.randint(0, 2)} if rng.random() < 0.3 else None
     return Snapshot(100.0, replicas, tuple(sessions), headroom)
@@ -71,6 +75,7 @@ def check_plan(name: str, snapshot: Snapshot, plan: Plan) -> None:
         ses = by_id[a.session]
         assert not ses.admitted and ses.phase in CANDIDATE_PHASES, f"{a.session} is not a pool candidate"
         assert replicas[a.replica].healthy, f"{a.session} placed on unhealthy {a.replica}"
+        assert replicas[a.replica].serves(ses), f"{a.session} ({ses.model}) placed on {a.replica} {replicas[a.replica].models}"
     assert len(plan.pauses) == len(set(plan.pauses))
     for sid in plan.pauses:
         assert by_id[sid].admitted and sid not in assigned
@@ -86,9 +91,28 @@ def check_plan(name: str, snapshot: Snapshot, plan: Plan) -> None:
                 assert sum(by_id[s].tenant == tenant for s in assigned) <= slots
     else:
         assert plan.pauses == ()
-        held = {s.id for s in snapshot.sessions if not s.admitted and s.phase == "WAITING"}
-        expected = held if any(r.healthy for r in snapshot.replicas) else set()
+        expected = {s.id for s in snapshot.sessions if not s.admitted and s.phase == "WAITING"
+                    and any(r.healthy and r.serves(s) for r in snapshot.replicas)}
         assert set(assigned) == expected
+
+
+MODEL_SETS: tuple[tuple[str, ...], ...] = (("m1",), ("m2",), ("m1", "m2"), ())
+
+
+def _with_models(snapshot: Snapshot, seed: int) -> Snapshot:
+    """``snapshot`` with a two-model fleet: each replica serves m1, m2 or both, each session
+    names m1, m2 or no model (admitted ones keep a model their replica serves)."""
+    rng = random.Random(seed)
+    replicas = tuple(dataclasses.replace(r, models=rng.choice(MODEL_SETS[:3]), block_size=rng.choice([16, 32]))
+                     for r in snapshot.replicas)
+    by_id = {r.id: r for r in replicas}
+    sessions = []
+    for s in snapshot.sessions:
+        model = rng.choice(["", "m1", "m2"])
+        if s.replica is not None and not by_id[s.replica].serves(dataclasses.replace(s, model=model)):
+            model = by_id[s.replica].models[0]
+        sessions.append(dataclasses.replace(s, model=model))
+    return dataclasses.replace(snapshot, replicas=replicas, sessions=tuple(sessions))
 
 
 def _shuffled(snapshot: Snapshot, seed: int) -> Snapshot:
@@ -118,6 +142,17 @@ def test_policy_invariants_and_determinism(name: str, seed: int) -> None:
     assert [second.plan(s) for s in snaps] == plans
     assert [third.plan(_shuffled(s, seed)) for s in snaps] == plans
     assert [p.revision for p in plans] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("seed", range(4))
+def test_policy_invariants_with_two_models(name: str, seed: int) -> None:
+    snaps = [_with_models(s, seed) for s in _sequence(seed + 100)]
+    first, second = make_policy(name), make_policy(name)
+    plans = [first.plan(s) for s in snaps]
+    for snap, plan in zip(snaps, plans, strict=True):
+        check_plan(name, snap, plan)
+    assert [second.plan(_shuffled(s, seed)) for s in snaps] == plans
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
@@ -162,3 +197,13 @@ def test_the_checker_catches_violations() -> None:
         bad = dataclasses.replace(bad, objective=full_objective(snap, bad.assignments))
         with pytest.raises(AssertionError):
             check_plan("tao", snap, bad)
+    two = dataclasses.replace(snap, replicas=(ReplicaState("r0", 100, 0, models=("m1",)),
+                                              ReplicaState("r1", 100, 0, models=("m2",))),
+                              sessions=(SessionState("s0", "a", 50, True, model="m2"),))
+    placed = make_policy("tao").plan(two)
+    assert [(a.session, a.replica) for a in placed.assignments] == [("s0", "r1")]
+    check_plan("tao", two, placed)
+    wrong = dataclasses.replace(placed, assignments=(Assignment("s0", "r0"),))  # r0 does not serve m2
+    wrong = dataclasses.replace(wrong, objective=full_objective(two, wrong.assignments))
+    with pytest.raises(AssertionError, match="placed on r0"):
+        check_plan("tao", two, wrong)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from services.common.core.evidence import CacheEvidence
 from services.common.errors import InvalidArgument
 from services.common.records import (
     AllocationRecord,
-    CacheObservation,
     PredictionRecord,
     ReplicaRecord,
     SessionRecord,
@@ -40,10 +40,10 @@ def _prediction(sid: str, **kw: object) -> PredictionRecord:
 
 
 def test_records_become_the_snapshot_the_router_would_build() -> None:
-    vol = CacheObservation(replica="r0", resident_tokens=500, prompt_tokens=450, cached_tokens=0,
-                           processed_tokens=900, observed_at_unix_s=NOW - 3, kind="volume")
-    gone = CacheObservation(replica="r9", resident_tokens=80, prompt_tokens=80, cached_tokens=0,
-                            processed_tokens=80, observed_at_unix_s=NOW - 3, kind="cached_tokens")
+    vol = CacheEvidence(replica="r0", resident_tokens=500, prompt_tokens=450, cached_tokens=0,
+                           processed_tokens=900, observed_at_s=NOW - 3, kind="volume")
+    gone = CacheEvidence(replica="r9", resident_tokens=80, prompt_tokens=80, cached_tokens=0,
+                            processed_tokens=80, observed_at_s=NOW - 3, kind="cached_tokens")
     sessions = [
         _session("held", phase="WAITING", cache=(vol, gone)),
         _session("soon", acting_since_unix_s=NOW - 6),
@@ -75,7 +75,7 @@ def test_records_become_the_snapshot_the_router_would_build() -> None:
         "held": True, "soon": True, "late": False, "old-call": False, "stale": False, "orphan": False,
         "no-footprint": False}
     held = by_id["held"]
-    assert [(c.replica, c.tokens, c.kind) for c in held.credits] == [("r0", 500, "volume")]  # min(900, 500)
+    assert [(c.replica, c.credit_tokens, c.kind) for c in held.credits] == [("r0", 500, "volume")]  # min(900, 500)
     assert not by_id["orphan"].admitted and by_id["orphan"].replica is None
     assert by_id["no-footprint"].footprint_tokens == 360
     assert snap.tenant_headroom == {"t": 1, "u": 6}

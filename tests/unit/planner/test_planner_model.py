@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from services.common.core.evidence import CacheEvidence
 from services.planner.core.model import (
     Assignment,
-    CreditEvidence,
     Plan,
     ReplicaState,
     SessionState,
@@ -38,7 +38,7 @@ BASE: dict[str, Any] = {
 def test_design_json_round_trips() -> None:
     snap = Snapshot.from_json(BASE)
     assert snap.replicas[0].free_tokens == 800
-    assert snap.sessions[0].credits[0] == CreditEvidence("r0", 250, 90.0, "cached_tokens")
+    assert snap.sessions[0].credits[0] == CacheEvidence.of_credit("r0", 250, 90.0, "cached_tokens")
     again = Snapshot.from_json(json.loads(json.dumps(snap.to_json())))
     assert again == snap
 
@@ -97,21 +97,30 @@ def _replicas(*ids: str, hit: float = 0.5) -> tuple[ReplicaState, ...]:
 
 def test_credit_decays_with_a_ten_second_half_life() -> None:
     reps = _replicas("r0")
-    ses = [SessionState("s", "t", 100, False, credits=(CreditEvidence("r0", 8000, 70.0, "cached_tokens"),))]
+    ses = [SessionState("s", "t", 100, False, credits=(CacheEvidence.of_credit("r0", 8000, 70.0, "cached_tokens"),))]
     assert credit_matrix(100.0, ses, reps).tolist() == [[1000]]  # 8000 · 2^(−30/10)
     assert credit_matrix(75.0, ses, reps).tolist() == [[int(np.floor(8000 * 2 ** -0.5))]]  # floor
     assert credit_matrix(60.0, ses, reps).tolist() == [[8000]]  # observation "in the future": no decay
     assert credit_matrix(100.0, ses, reps, half_life_s=None).tolist() == [[8000]]
 
 
+def test_kv_events_credit_is_live_residency_and_does_not_decay() -> None:
+    reps = _replicas("r0", "r1")
+    ses = [SessionState("s", "t", 100, False, credits=(
+        CacheEvidence.of_credit("r0", 8000, 70.0, "kv_events"),  # the replica's event stream says: held now
+        CacheEvidence.of_credit("r1", 8000, 70.0, "cached_tokens"),
+    ))]
+    assert credit_matrix(100.0, ses, reps).tolist() == [[8000, 1000]]
+
+
 def test_evidence_hierarchy() -> None:
     reps = _replicas("r0", "r1", "r2", hit=0.25)
     ses = [SessionState("s", "t", 100, False, credits=(
-        CreditEvidence("r0", 500, 100.0, "cached_tokens"),
-        CreditEvidence("r0", 900, 90.0, "kv_events"),  # strongest kind wins even when older
-        CreditEvidence("r1", 400, 95.0, "cached_tokens"),
-        CreditEvidence("r1", 700, 99.0, "cached_tokens"),  # same kind: the newest wins
-        CreditEvidence("r2", 4000, 100.0, "volume"),  # volume × observed hit rate
+        CacheEvidence.of_credit("r0", 500, 100.0, "cached_tokens"),
+        CacheEvidence.of_credit("r0", 900, 90.0, "kv_events"),  # strongest kind wins even when older
+        CacheEvidence.of_credit("r1", 400, 95.0, "cached_tokens"),
+        CacheEvidence.of_credit("r1", 700, 99.0, "cached_tokens"),  # same kind: the newest wins
+        CacheEvidence.of_credit("r2", 4000, 100.0, "volume"),  # volume × observed hit rate
     ))]
     k = credit_matrix(100.0, ses, reps, half_life_s=None)
     assert k.tolist() == [[900, 700, 1000]]

@@ -9,10 +9,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planner_brute import brute_force
 
+from services.common.core.evidence import CacheEvidence
 from services.planner.core import make_policy
 from services.planner.core.dp import DpBudget
 from services.planner.core.explain import explain
-from services.planner.core.model import CreditEvidence, ReplicaState, SessionState, Snapshot
+from services.planner.core.model import ReplicaState, SessionState, Snapshot
 from services.planner.core.policy import plan_pauses
 from services.planner.core.tao import TaoConfig, TaoPolicy
 from services.planner.core.values import fold_values, objective_of, ready_first
@@ -20,7 +21,7 @@ from services.planner.core.values import fold_values, objective_of, ready_first
 
 def S(sid: str, f: int, ready: bool = False, credit: dict[str, tuple[int, float]] | None = None,
       **kw: object) -> SessionState:
-    creds = tuple(CreditEvidence(r, t, at) for r, (t, at) in (credit or {}).items())
+    creds = tuple(CacheEvidence.of_credit(r, t, at) for r, (t, at) in (credit or {}).items())
     return SessionState(sid, str(kw.pop("tenant", "t")), f, ready, credits=creds, **kw)  # type: ignore[arg-type]
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from services.common.core.evidence import CacheEvidence
 from services.planner.core import make_policy
-from services.planner.core.model import CreditEvidence, ReplicaState, SessionState, Snapshot
+from services.planner.core.model import ReplicaState, SessionState, Snapshot
 from services.planner.core.policy import plan_pauses
 
 
 def S(sid: str, f: int, ready: bool = False, credit: dict[str, int] | None = None, **kw: object) -> SessionState:
-    creds = tuple(CreditEvidence(r, t, 100.0) for r, t in (credit or {}).items())
+    creds = tuple(CacheEvidence.of_credit(r, t, 100.0) for r, t in (credit or {}).items())
     return SessionState(sid, "t", f, ready, credits=creds, **kw)  # type: ignore[arg-type]
 
 
@@ -60,3 +61,107 @@ def test_spread_keeps_the_objective_and_uses_every_replica() -> None:
     assert packed.objective == spread.objective
     per = [sum(a.replica == r.id for a in spread.assignments) for r in reps]
     assert per == [3, 3]
+
+
+def _reclaim_snapshot(incumbent_ready: bool, pool_ready: bool) -> Snapshot:
+    """r0 holds 700 of 1000 tokens for one admitted session whose tool runs; a 600-token
+    session waits in the pool and fits only if that reservation is taken back."""
+    return Snapshot(100.0, (ReplicaState("r0", 1000, 700),), (
+        S("tool", 700, ready=incumbent_ready, credit={"r0": 650}, phase="ACTING", admitted=True, replica="r0"),
+        S("next", 600, ready=pool_ready, phase="WAITING" if pool_ready else "ACTING"),
+    ))
+
+
+def test_reclaim_takes_a_tool_reservation_back_for_a_ready_session() -> None:
+    snap = _reclaim_snapshot(incumbent_ready=False, pool_ready=True)
+    assert make_policy("tao").plan(snap).assignments == ()  # the shipped policy leaves it waiting
+    plan = make_policy("tao-reclaim").plan(snap)
+    assert plan.pauses == ("tool",)
+    assert [(a.session, a.replica) for a in plan.assignments] == [("next", "r0")]
+
+
+def test_reclaim_keeps_a_tool_predicted_back_and_never_yields_to_a_session_that_cannot_run() -> None:
+    # The incumbent's tool is predicted back within the horizon (ready): it keeps its KV.
+    plan = make_policy("tao-reclaim").plan(_reclaim_snapshot(incumbent_ready=True, pool_ready=True))
+    assert plan.pauses == () and plan.assignments == ()
+    # The pool session is not ready either: cache credit alone never displaces an incumbent.
+    plan = make_policy("tao-reclaim").plan(_reclaim_snapshot(incumbent_ready=False, pool_ready=False))
+    assert plan.pauses == () and plan.assignments == ()
+
+
+def test_reclaim_drops_the_fewest_incumbents_and_keeps_the_rest_in_place() -> None:
+    reps = (ReplicaState("r0", 1000, 900), ReplicaState("r1", 1000, 1000))
+    snap = Snapshot(100.0, reps, (
+        S("small", 200, phase="ACTING", admitted=True, replica="r0"),
+        S("big", 700, phase="ACTING", admitted=True, replica="r0"),
+        S("other", 1000, phase="ACTING", admitted=True, replica="r1"),
+        S("ready", 250, ready=True, phase="WAITING"),
+    ))
+    plan = make_policy("tao-reclaim").plan(snap)
+    assert len(plan.pauses) == 1 and plan.pauses[0] in ("small", "big")
+    assert [(a.session, a.replica) for a in plan.assignments] == [("ready", "r0")]
+
+
+def _ttl_snapshot(now: float, context: int, tool_return: float | None) -> Snapshot:
+    """r0 holds 700 of 1000 tokens for one admitted session whose tool started at t = 100; a
+    ready 600-token session waits and fits only if that reservation is taken back."""
+    return Snapshot(now, (ReplicaState("r0", 1000, 700),), (
+        S("tool", 700, credit={"r0": 650}, phase="ACTING", admitted=True, replica="r0",
+          context_tokens=context, acting_since_s=100.0, tool_return_s=tool_return),
+        S("next", 600, ready=True, phase="WAITING"),
+    ))
+
+
+def test_ttl_takes_back_a_long_tool_whose_context_is_cheap_to_reload() -> None:
+    # Tool predicted to run 60 s; reloading 700 tokens takes ~0.04 s: TTL 0, reclaim at once.
+    snap = _ttl_snapshot(101.0, 700, 160.0)
+    assert make_policy("tao").plan(snap).assignments == ()
+    plan = make_policy("tao-ttl").plan(snap)
+    assert plan.pauses == ("tool",)
+    assert [(a.session, a.replica) for a in plan.assignments] == [("next", "r0")]
+
+
+def test_ttl_keeps_a_short_tool_whose_context_is_dear_to_reload_until_its_ttl_runs_out() -> None:
+    # 100k-token context: B = 5.10e-5·1e5 + 1.18e-9·1e10 = 16.9 s; tool predicted 5 s:
+    # TTL = 5·ln(16.9 / 5) = 6.09 s, so the pin expires at t = 106.09.
+    from services.planner.core.continuum import ContinuumConfig
+    from services.planner.core.tao import ttl_s
+    ttl = ttl_s(_ttl_snapshot(103.0, 100_000, 105.0).sessions[0], 103.0, ContinuumConfig())
+    assert 6.0 < ttl < 6.2
+    held = make_policy("tao-ttl").plan(_ttl_snapshot(103.0, 100_000, 105.0))
+    assert held.pauses == () and held.assignments == ()  # tao-reclaim would take it now
+    assert make_policy("tao-reclaim").plan(_ttl_snapshot(103.0, 100_000, 105.0)).pauses == ("tool",)
+    expired = make_policy("tao-ttl").plan(_ttl_snapshot(106.2, 100_000, 105.0))
+    assert expired.pauses == ("tool",)
+    assert [a.session for a in expired.assignments] == ["next"]
+
+
+def test_ttl_without_a_prediction_uses_the_cold_start_ttl() -> None:
+    assert make_policy("tao-ttl").plan(_ttl_snapshot(101.5, 700, None)).pauses == ()  # 1.5 s < 2 s
+    assert make_policy("tao-ttl").plan(_ttl_snapshot(102.0, 700, None)).pauses == ("tool",)
+
+
+def test_ttl_q_learns_the_pool_wait_of_reclaimed_sessions_and_holds_longer() -> None:
+    policy = make_policy("tao-ttl-q")
+    assert policy.plan(_ttl_snapshot(101.0, 700, 160.0)).pauses == ("tool",)  # T = 0: as tao-ttl
+    back = Snapshot(200.0, (ReplicaState("r0", 1000, 0),), (
+        S("tool", 700, ready=True, credit={"r0": 650}, phase="WAITING", waiting_since_s=190.0),
+    ))
+    assert [a.session for a in policy.plan(back).assignments] == ["tool"]
+    assert policy.queue_delay_s == 10.0  # type: ignore[attr-defined]
+    # A 5 s tool, 2 s in: B = 10 s + reload; TTL = 5·ln(B / 5) ≈ 3.5 s, so it keeps its KV,
+    # where tao-ttl (T = 0, B < 5 s: TTL 0) takes it back.
+    later = _ttl_snapshot(102.0, 700, 105.0)
+    assert make_policy("tao-ttl").plan(later).pauses == ("tool",)
+    assert policy.plan(later).pauses == ()
+
+
+def test_ttl_long_takes_back_only_a_tool_predicted_to_run_long() -> None:
+    # Both tools are past their TTL (700-token context: reload ~0.04 s, TTL 0).
+    short = _ttl_snapshot(101.0, 700, 105.0)  # 4 s left
+    long = _ttl_snapshot(101.0, 700, 160.0)  # 59 s left
+    assert make_policy("tao-ttl").plan(short).pauses == ("tool",)
+    assert make_policy("tao-ttl-long").plan(short).pauses == ()
+    plan = make_policy("tao-ttl-long").plan(long)
+    assert plan.pauses == ("tool",)
+    assert [a.session for a in plan.assignments] == ["next"]

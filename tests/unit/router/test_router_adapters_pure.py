@@ -32,6 +32,9 @@ def _err(body: object, chat: bool = True) -> RequestError:
 def test_validation_rejects_bad_bodies_with_openai_errors() -> None:
     assert _err(b"{not json").code == "invalid_json"
     assert _err(b"[1, 2]").status == 400
+    deep = _err(b"[" * 100_000 + b"]" * 100_000)
+    assert (deep.status, deep.code) == (400, "invalid_json") and "nested too deeply" in str(deep)
+    assert _err(b'{"model": "m", "x": "\xff"}').code == "invalid_json"  # not UTF-8
     assert _err({"messages": CHAT["messages"]}).param == "model"
     assert _err({"model": 3, "messages": CHAT["messages"]}).code == "invalid_type"
     assert _err({"model": "m"}).param == "messages"

@@ -321,7 +321,7 @@ def test_snapshot_matches_contract_a_and_validates() -> None:
     snap.validate()
     by_id = {s.id: s for s in snap.sessions}
     assert by_id["s1"].admitted and by_id["s1"].phase == "ACTING" and by_id["s1"].ready
-    assert by_id["s1"].credits[0].tokens == 330 and by_id["s1"].credits[0].kind == "cached_tokens"
+    assert by_id["s1"].credits[0].credit_tokens == 330 and by_id["s1"].credits[0].kind == "cached_tokens"
     assert by_id["s2"].phase == "WAITING" and by_id["s2"].ready and not by_id["s2"].admitted
     r0 = next(r for r in snap.replicas if r.id == "r0")
     assert r0.capacity_tokens == 9500 and r0.used_tokens == by_id["s1"].footprint_tokens

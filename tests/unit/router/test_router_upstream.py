@@ -164,6 +164,30 @@ async def test_malformed_heads_fail_the_request(wire: bytes) -> None:
     assert t.aborted
 
 
+async def test_oversized_heads_and_bytes_after_a_chunked_body() -> None:
+    _, conn, t, head = _conn()
+    conn.data_received(b"HTTP/1.1 200 OK\r\n")
+    for _ in range(40):  # llhttp would take any number of headers: the client caps the head
+        conn.data_received(b"X-Filler: " + b"a" * 2000 + b"\r\n")
+    with pytest.raises(UpstreamError, match="head too large"):
+        await head
+    assert t.aborted
+
+    pool, conn, t, head = _conn()
+    conn.data_received(HEAD_CHUNKED + _chunked([b"data: [DONE]\n\n"]) + b"HTTP/1.1 200 OK\r\n")
+    await head
+    assert await conn.read() == b"data: [DONE]\n\n"  # the response stands ...
+    conn.release()
+    assert pool.idle_connections == 0 and t.aborted  # ... the connection, out of step, does not
+
+    pool, conn, t, head = _conn()
+    conn.data_received(b"HTTP/1.1 204 No Content\r\nX-A: 1\r\nx-a: 2\r\n\r\n")
+    await head
+    assert conn.status == 204 and conn.headers["x-a"] == "1, 2" and await conn.read() == b""
+    conn.release()
+    assert pool.idle_connections == 1
+
+
 async def test_failures_mid_body_and_before_the_head() -> None:
     _, conn, _, head = _conn()
     conn.data_received(HEAD_CHUNKED + b"5\r\nhel")

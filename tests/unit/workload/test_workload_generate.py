@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from services.cli import main as tao_main
-from sim.workload.generate import GenerateOptions, UnknownKindError, generate, generate_session
-from sim.workload.params import KINDS, SWE_LITE
-from sim.workload.stats import percentile, trace_stats
-from sim.workload.trace import dump_lines, load_trace, parse_lines
+from services.sim.workload.generate import GenerateOptions, UnknownKindError, generate, generate_session
+from services.sim.workload.params import KINDS, SWE_LITE
+from services.sim.workload.stats import percentile, trace_stats
+from services.sim.workload.trace import dump_lines, load_trace, parse_lines
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.workload.trace import TraceError, json_schema, load_trace, parse_lines, write_trace
+from services.sim.workload.trace import TraceError, json_schema, load_trace, parse_lines, write_trace
 
 
 def _session(**over: object) -> dict[str, object]:

@@ -1,0 +1,65 @@
+"""The fleet's slot decisions (services/router/core/fleet.py, pure)."""
+
+from __future__ import annotations
+
+import itertools
+
+from services.router.core.fleet import local_caps, owner_token, slot_target, waiting_for_slot
+from services.router.core.model import CoreConfig, NewRequest, PlanDecision, Replica
+from services.router.core.state import RouterCore
+
+
+def test_slot_target_covers_demand_keeps_a_spare_only_when_uncontended_and_never_drops_in_flight() -> None:
+    assert slot_target(in_flight=0, held=0, cap=8, others=0, waiters=0) == 4  # half the free slots as a spare
+    assert slot_target(in_flight=2, held=1, cap=8, others=2, waiters=0) == 5  # 3 needed + half of 3 free (rounded up)
+    assert slot_target(in_flight=2, held=1, cap=8, others=2, waiters=1) == 3  # someone waits: no spare
+    assert slot_target(in_flight=5, held=0, cap=3, others=0, waiters=0) == 5  # the cap shrank: keep what runs
+    assert slot_target(in_flight=0, held=9, cap=3, others=0, waiters=0) == 3  # never ask past the cap
+
+
+def test_slot_target_properties() -> None:
+    for in_flight, held, cap, others, waiters in itertools.product(range(5), range(5), range(6), range(7), range(2)):
+        t = slot_target(in_flight, held, cap, others, waiters)
+        assert t >= in_flight
+        assert t <= max(in_flight, cap)
+        if waiters:
+            assert t <= max(in_flight, in_flight + held)
+
+
+def test_local_caps_are_the_allotments_within_the_budget_cap() -> None:
+    assert local_caps({"A": 4, "B": 2}, {"A": 3, "B": 5}) == {"A": 3, "B": 2}
+    assert local_caps({"A": 4}, {}) == {"A": 0}  # no slots held: nothing admitted for a capped tenant
+    assert owner_token(3, "r1") == "3 r1"
+
+
+def test_requests_a_slot_would_release_and_one_for_the_pool_count_as_waiting_for_slots() -> None:
+    core = RouterCore(CoreConfig(gating=True, sticky=True))
+    core.upsert_replica(Replica(id="r0", url="http://r0", kv_capacity_tokens=10_000, healthy=True), 0.0)
+    assert core.arrive(1.0, NewRequest("q1", "admitted", "A", False, 100, 50)) is None
+    report = core.apply_plan(1.0, PlanDecision((("admitted", "r0"),), (), 1.0, "test"))
+    assert report.admitted == (("admitted", "r0"),)
+    core.set_caps({"A": 0}, {"A": 0})  # this router holds no slot of A
+    assert core.dispatch(1.0) == []  # admitted, but no slot
+    assert core.arrive(1.0, NewRequest("q2", "pooled", "A", False, 100, 50)) is None  # the plan holds it
+    assert core.arrive(1.0, NewRequest("q3", "pooled2", "A", False, 100, 50)) is None
+    assert core.tenant_held["A"] == 3
+    assert waiting_for_slot(core, "A") == 2  # the admitted one, plus one for the pool
+    assert waiting_for_slot(core, "B") == 0
+    core.set_caps({"A": 1}, {"A": 1})
+    assert [g.request_id for g in core.dispatch(1.0)] == ["q1"]
+    assert waiting_for_slot(core, "A") == 1
+
+
+def test_demand_of_several_routers_is_summed_per_tenant() -> None:
+    from services.common.fleet import demand_field, merge_demand
+    from services.common.records import TenantDemandRecord
+
+    def rec(tenant: str, epoch: str, waiting: int, in_flight: int, p99: float, at: float) -> TenantDemandRecord:
+        return TenantDemandRecord(epoch=epoch, rev=1, tenant=tenant, waiting=waiting, in_flight=in_flight,
+                                  p99_latency_s=p99, updated_at_unix_s=at)
+
+    merged = {r.tenant: r for r in merge_demand([rec("A", "e1", 1, 2, 0.5, 10.0), rec("A", "e2", 3, 4, 0.9, 9.0),
+                                                 rec("B", "e2", 0, 1, 0.1, 8.0)])}
+    assert (merged["A"].waiting, merged["A"].in_flight, merged["A"].p99_latency_s) == (4, 6, 0.9)
+    assert merged["A"].updated_at_unix_s == 10.0 and merged["B"].in_flight == 1
+    assert demand_field("A", "r1") == "A@r1"
