@@ -5,11 +5,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY services ./services
-COPY sim ./sim
-COPY bench ./bench
 COPY tao ./tao
 COPY protos ./protos
-# the runtime dependencies only: no `report` (matplotlib, rich) or `faults` (hypothesis) extra
+# the runtime dependencies only (benchmarks, bench/, are not part of the package): no `report` (matplotlib, rich) or `faults` (hypothesis) extra
 RUN pip install --no-cache-dir . && useradd --system --uid 10001 tao
 USER tao
 # gRPC: router admin 50051, planner 50052, predictor 50053, budget 50054; router HTTP 8080
