@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import AsyncIterator
 
@@ -214,10 +215,9 @@ async def test_sigma_admitted_stays_within_the_caps_under_random_workloads(
         redis_url: str, sims: list[RunningSim], seed: int, policy: str) -> None:
     """The property behind the issue's target, against three running fleet routers: for a random
     workload (two tenants with random caps, one raised mid-run; random agents, turns, request
-    sizes, streaming and router per request; a per-request policy and the gating one), Σ in-flight of each tenant over the routers
-    never exceeds that tenant's cap at any sampled instant, nor do Σ its slot allotments in Redis."""
-    import random
-
+    sizes, streaming and router per request; a per-request policy and the gating one), Σ
+    in-flight of each tenant over the routers never exceeds that tenant's cap at any sampled
+    instant, nor do Σ its slot allotments in Redis."""
     rng = random.Random(seed)
     caps = {"A": rng.randint(1, 3), "B": rng.randint(1, 3)}
     async with fleet(redis_url, sims, policy=policy) as routers, aiohttp.ClientSession(
