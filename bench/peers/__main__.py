@@ -9,13 +9,16 @@ mean over the rounds and the run-to-run spread ((max − min) / mean) of latency
 
 The peers (`vllm-router`, `sglang-router`) are installed from PyPI into their own venv
 (``--venv``, default ~/.cache/tao-peers/venv; reused when present), never into this
-package's environment. A system that cannot run says why in the table.
+package's environment. The real ThunderAgent (``thunderagent-real``) is pip-installed into the
+same venv from the checkout given with ``--thunderagent-src`` (skipped without one). A system
+that cannot run says why in the table.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import subprocess
@@ -29,6 +32,7 @@ from typing import Any
 
 from bench.peers.core import (
     KV_EVENTS_CONFIG,
+    THUNDERAGENT_REAL,
     System,
     kv_event_router_args,
     markdown_table,
@@ -55,7 +59,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--systems", default="default",
-                    help="comma-separated: floor, vllm-router:POLICY, sglang-router:POLICY, tao:POLICY; "
+                    help="comma-separated: floor, vllm-router:POLICY, sglang-router:POLICY, tao:POLICY, "
+                         f"{THUNDERAGENT_REAL} (the ThunderAgent project's proxy; needs --thunderagent-src); "
                          "'default' and 'all' expand (bench/peers/core.py)")
     ap.add_argument("--kind", default="swe-lite", choices=sorted(KINDS), help="workload kind (default swe-lite)")
     ap.add_argument("--sessions", type=int, default=12,
@@ -70,8 +75,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--time-scale", type=float, default=20.0, help="model seconds per wall second (default 20)")
     ap.add_argument("--repeat", type=int, default=2, help="rounds over all systems (default 2)")
     ap.add_argument("--venv", type=Path, default=DEFAULT_VENV, help=f"the peers' venv (default {DEFAULT_VENV})")
-    ap.add_argument("--vllm-router-spec", default="vllm-router", help="pip requirement for vllm-router")
-    ap.add_argument("--sglang-router-spec", default="sglang-router", help="pip requirement for sglang-router")
+    ap.add_argument("--vllm-router-spec", default="vllm-router==0.1.17",
+                    help="pip requirement for vllm-router (default: the version docs/benchmarks.md measured)")
+    ap.add_argument("--sglang-router-spec", default="sglang-router==0.3.2",
+                    help="pip requirement for sglang-router (default: the version docs/benchmarks.md measured)")
+    ap.add_argument("--thunderagent-src", type=Path, default=None, metavar="DIR",
+                    help=f"a checkout of ThunderAgent (github.com/ThunderAgent-org/ThunderAgent) for {THUNDERAGENT_REAL}: "
+                         "pip-installed into --venv; without it that system is skipped")
     ap.add_argument("--json", dest="json_out", type=Path, default=None, help="write every run and the table here")
     ap.add_argument("--log-dir", type=Path, default=None, help="keep the routers' and replicas' logs here")
     ap.add_argument("--table-from", type=Path, default=None,
@@ -90,10 +100,59 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--concurrency must be > 0")
     if args.time_scale <= 0:
         ap.error("--time-scale must be > 0")
+    if args.thunderagent_src is not None and not (args.thunderagent_src / "pyproject.toml").is_file() \
+            and not (args.thunderagent_src / "setup.py").is_file():
+        ap.error(f"--thunderagent-src {args.thunderagent_src}: not a Python project (no pyproject.toml or setup.py)")
     return args
 
 
 # ------------------------------------------------------------------------------ peers' venv
+
+def _ensure_venv(venv: Path) -> str | None:
+    """Create ``venv`` when it has no python; the reason when that fails."""
+    if (venv / "bin" / "python").exists():
+        return None
+    proc = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True)
+    return None if proc.returncode == 0 else f"could not create the venv {venv}: {proc.stderr.strip()[-300:]}"
+
+
+def source_identity(src: Path) -> str:
+    """Which ThunderAgent source was measured: ``git`` commit (``+dirty`` with local changes) of
+    a checkout, else the path and a sha256 over its files (``.git`` excluded)."""
+    proc = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if proc.returncode == 0:
+        dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain"], capture_output=True, text=True)
+        return f"commit {proc.stdout.strip()}{'+dirty' if dirty.stdout.strip() else ''} ({src})"
+    h = hashlib.sha256()
+    for f in sorted(p for p in src.rglob("*") if p.is_file() and ".git" not in p.parts
+                    and "__pycache__" not in p.parts and not p.name.endswith(".egg-info")):
+        h.update(str(f.relative_to(src)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return f"{src} (not a git checkout; files sha256 {h.hexdigest()[:16]})"
+
+
+def ensure_thunderagent(venv: Path, src: Path) -> tuple[str | None, str | None]:
+    """``pip install`` the ThunderAgent checkout ``src`` (its pyproject: fastapi, httpx, uvicorn;
+    console script ``thunderagent``) into ``venv``, afresh every time so the source given is the
+    one that runs. Returns (what was installed, None) or (None, why not)."""
+    why = _ensure_venv(venv)
+    if why:
+        return None, why
+    src = src.resolve()
+    ident = source_identity(src)
+    print(f"bench.peers: installing ThunderAgent from {ident} into {venv} …", flush=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    for cmd in (pip + [str(src)], pip + ["--no-deps", "--force-reinstall", str(src)]):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            return None, "pip install failed: " + " | ".join(tail)[-300:]
+    if not (venv / "bin" / "thunderagent").exists():
+        return None, f"no thunderagent script in {venv}/bin after pip install {src}"
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c",
+                           "import importlib.metadata as m; print(m.version('ThunderAgent'))"],
+                          capture_output=True, text=True)
+    return f"{proc.stdout.strip() or '?'} from {ident}", None
+
 
 def ensure_peers(venv: Path, specs: dict[str, str]) -> tuple[str, dict[str, str], dict[str, str]]:
     """Create ``venv`` if needed and pip-install the packages of ``specs`` ({package: requirement})
@@ -101,11 +160,9 @@ def ensure_peers(venv: Path, specs: dict[str, str]) -> tuple[str, dict[str, str]
     not available})."""
     bin_dir = venv / "bin"
     failed: dict[str, str] = {}
-    if not (bin_dir / "python").exists():
-        proc = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            why = f"could not create the venv {venv}: {proc.stderr.strip()[-300:]}"
-            return str(bin_dir), {}, {p: why for p in specs}
+    why = _ensure_venv(venv)
+    if why:
+        return str(bin_dir), {}, {p: why for p in specs}
     missing = [p for p in specs if not (bin_dir / p).exists()]
     if missing:
         print(f"bench.peers: installing {', '.join(specs[p] for p in missing)} into {venv} …", flush=True)
@@ -193,7 +250,7 @@ def run_one(system: System, sessions: list[TraceSession], args: argparse.Namespa
             kv_args = kv_event_router_args(_kv_event_sources(replicas), profile.model_name, profile.block_size)
         port = free_port()
         child = sup.spawn("router", router_argv(system, bin_dir, port, replicas, free_port(), python=sys.executable,
-                                                kv_args=kv_args))
+                                                kv_args=kv_args, profile_dir=str(log_dir / "thunderagent-profiles")))
         url = f"http://127.0.0.1:{port}"
         sup.wait_until(child, lambda: http_ok(f"{url}/health"), 60, "answering /health")
         metrics = asyncio.run(_drive(url, sessions, replicas, args, None, None))
@@ -211,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.table_from:
         doc = json.loads(args.table_from.read_text())
-        print(markdown_table(table_rows(doc["runs"], doc.get("failures"))))
+        print(markdown_table(table_rows(doc["runs"], {**doc.get("failures", {}), **doc.get("skipped", {})})))
         print()
         print(verdict(doc["runs"]))
         return 0
@@ -220,6 +277,17 @@ def main(argv: list[str] | None = None) -> int:
     specs = {p: getattr(args, f"{p.replace('-', '_')}_spec") for p in
              sorted({s.package for s in systems if s.package})}
     bin_dir, versions, unavailable = ensure_peers(args.venv, specs) if specs else (str(args.venv / "bin"), {}, {})
+    skipped: dict[str, str] = {}
+    if any(s.kind == THUNDERAGENT_REAL for s in systems):
+        if args.thunderagent_src is None:
+            skipped[THUNDERAGENT_REAL] = "skipped: no --thunderagent-src (a ThunderAgent checkout) given"
+            print(f"bench.peers: {THUNDERAGENT_REAL} {skipped[THUNDERAGENT_REAL]}", flush=True)
+        else:
+            installed, why = ensure_thunderagent(args.venv, args.thunderagent_src)
+            if installed:
+                versions["ThunderAgent"] = installed
+            else:
+                unavailable[THUNDERAGENT_REAL] = why or "not installed"
     sessions = generate(GenerateOptions(kind=args.kind, sessions=args.sessions, seed=args.seed))
     log_root = args.log_dir or Path(tempfile.mkdtemp(prefix="tao-peers-"))
     log_root.mkdir(parents=True, exist_ok=True)
@@ -232,10 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     for s in systems:
         if s.package in unavailable:
             failures[s.name] = unavailable[s.package]
+        elif s.kind == THUNDERAGENT_REAL and THUNDERAGENT_REAL in unavailable:
+            failures[s.name] = unavailable[THUNDERAGENT_REAL]
     for k in range(args.repeat):
         order = systems if k % 2 == 0 else list(reversed(systems))
         for system in order:
-            if system.name in failures:
+            if system.name in failures or system.name in skipped:
                 continue
             log_dir = log_root / f"{system.name.replace(':', '-')}-{k + 1}"
             t1 = time.monotonic()
@@ -252,13 +322,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'n/a' if busy is None else f'{busy:.1f}'} tok/s  hit {m['prefix_hit_rate']:.1%}  "
                   f"preempt {m['preemptions']}  errors {m['errors']}  [{time.monotonic() - t1:.0f} s wall]",
                   flush=True)
-    rows = table_rows(runs, failures)
+    rows = table_rows(runs, failures | skipped)
     table = markdown_table(rows)
     print()
     print(table)
     print()
     print(verdict(runs))
-    for name, why in failures.items():
+    for name, why in (failures | skipped).items():
         print(f"{name}: {why}")
     wall = time.monotonic() - t0
     print(f"wall {wall / 60:.1f} min")
@@ -266,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                           if k not in ("json_out", "system_list")}
                | {"systems": [s.name for s in systems], "log_dir": str(log_root), "cpus": os.cpu_count()},
-               "peer_versions": versions, "runs": runs, "failures": failures, "table": table,
+               "peer_versions": versions, "runs": runs, "failures": failures, "skipped": skipped, "table": table,
                "verdict": verdict(runs), "wall_s": round(wall, 1)}
         args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
     errors = sum(int(m["errors"]) for r in runs.values() for m in r)

@@ -7,7 +7,10 @@ A *system* is one router (with one policy) in front of the same fresh emulated r
   ``vllm-router:program`` (its program-level scheduling, ``--enable-program-scheduling``);
 - ``sglang-router:<policy>``: SGLang's Rust router (``sglang-router launch``);
 - ``tao:<policy>``: TAO's whole stack (Redis, router, planner, predictor, budget) with that
-  registry policy, tool events to the predictor.
+  registry policy, tool events to the predictor;
+- ``thunderagent-real``: the ThunderAgent project's own proxy (its ``thunderagent`` command),
+  installed from a checkout given with ``--thunderagent-src``. Not ``tao:thunderagent``, which
+  is TAO's re-implementation of its policy inside TAO's stack.
 """
 
 from __future__ import annotations
@@ -22,13 +25,20 @@ VLLM_ROUTER_POLICIES = ("round_robin", "random", "cache_aware", "kv_aware", "pow
                         "sticky_least_loaded", "program")
 #: ``sglang-router launch --help`` (0.3.2): --policy {random, round_robin, cache_aware, power_of_two, manual}
 SGLANG_ROUTER_POLICIES = ("round_robin", "random", "cache_aware", "power_of_two", "manual")
-KINDS = ("floor", "vllm-router", "sglang-router", "tao")
+#: the real ThunderAgent (``--thunderagent-src``); a single word, like ``floor``, so that it
+#: cannot be read as a ``tao:`` policy
+THUNDERAGENT_REAL = "thunderagent-real"
+KINDS = ("floor", "vllm-router", "sglang-router", "tao", THUNDERAGENT_REAL)
+#: systems named by one word (no ``:POLICY``)
+SINGLE_WORD = ("floor", THUNDERAGENT_REAL)
 
 #: run by default (`--systems all` adds the rest). Left out by default: vllm-router
 #: ``power_of_two``, ``sticky_least_loaded`` and ``random`` (load balancers without cache or
 #: session knowledge, like round-robin here); sglang-router's other policies.
 #: ``vllm-router:kv_aware`` routes on the replicas' KV events: its replicas publish them
 #: (``--kv-events-config``) and it subscribes (``kv_event_router_args``).
+#: ``thunderagent-real`` needs a source checkout (``--thunderagent-src``): only in ``all``
+#: (skipped there without one) or by name.
 DEFAULT_SYSTEMS = (
     "floor",
     "vllm-router:round_robin", "vllm-router:cache_aware", "vllm-router:kv_aware", "vllm-router:consistent_hash",
@@ -41,6 +51,7 @@ ALL_SYSTEMS = (
     *(f"vllm-router:{p}" for p in VLLM_ROUTER_POLICIES),
     *(f"sglang-router:{p}" for p in SGLANG_ROUTER_POLICIES if p != "manual"),
     "tao:tao", "tao:thunderagent", "tao:round_robin",
+    THUNDERAGENT_REAL,
 )
 
 
@@ -51,7 +62,7 @@ class System:
 
     @property
     def name(self) -> str:
-        return self.kind if self.kind == "floor" else f"{self.kind}:{self.policy}"
+        return self.kind if self.kind in SINGLE_WORD else f"{self.kind}:{self.policy}"
 
     @property
     def needs_kv_events(self) -> bool:
@@ -65,13 +76,18 @@ class System:
 
 
 def parse_system(text: str, tao_policies: Sequence[str] | None = None) -> System:
-    """``floor`` | ``vllm-router:P`` | ``sglang-router:P`` | ``tao:P``; ValueError when unknown."""
+    """``floor`` | ``thunderagent-real`` | ``vllm-router:P`` | ``sglang-router:P`` | ``tao:P``;
+    ValueError when unknown."""
     text = text.strip()
-    if text == "floor":
-        return System("floor")
+    if text in SINGLE_WORD:
+        return System(text)
+    if text.lower() == "thunderagent" or text.lower().startswith(("thunderagent:", f"{THUNDERAGENT_REAL}:")):
+        raise ValueError(f"{text!r}: say {THUNDERAGENT_REAL} (the ThunderAgent project's own proxy, "
+                         "--thunderagent-src) or tao:thunderagent (TAO's re-implementation of its policy)")
     kind, sep, policy = text.partition(":")
     if not sep or not policy:
-        raise ValueError(f"{text!r}: expected floor or KIND:POLICY with KIND in {', '.join(KINDS[1:])}")
+        raise ValueError(f"{text!r}: expected {' or '.join(SINGLE_WORD)} or KIND:POLICY with KIND in "
+                         f"{', '.join(k for k in KINDS if k not in SINGLE_WORD)}")
     known: Sequence[str] | None
     if kind == "vllm-router":
         known = VLLM_ROUTER_POLICIES
@@ -134,12 +150,30 @@ def kv_event_router_args(sources: Mapping[str, Mapping[str, Any]], model: str, b
     return argv + ["--kv-event-model", model, "--kv-event-block-size", str(block_size)]
 
 
+def thunderagent_argv(bin_dir: str, port: int, replicas: Sequence[str], profile_dir: str | None = None) -> list[str]:
+    """The real ThunderAgent as its README's "How to use?" starts it (``thunderagent
+    --backend-type vllm --backends URL --port 9000 --metrics --profile``), here on 127.0.0.1 with
+    the replicas comma-separated (``--backends``: "Comma-separated list of vLLM backend URLs").
+    Every scheduling parameter is left at the default of ``ThunderAgent/__main__.py`` and
+    ``ThunderAgent/config.py``: ``--router tr`` (capacity scheduling), ``--scheduler-interval 5.0``
+    and ``--metrics-interval 5.0`` (wall seconds), ``--acting-token-weight 1.0``, no
+    ``--use-acting-token-decay``. ``profile_dir``: where ``--profile`` writes its
+    ``step_profiles.csv`` (default ``/tmp/thunderagent_profiles``); ``--log-level warning`` only
+    quietens uvicorn's access log."""
+    argv = [f"{bin_dir}/thunderagent", "--backend-type", "vllm", "--backends", ",".join(replicas),
+            "--host", "127.0.0.1", "--port", str(port), "--metrics", "--profile", "--log-level", "warning"]
+    return argv + (["--profile-dir", profile_dir] if profile_dir else [])
+
+
 def router_argv(system: System, bin_dir: str, port: int, replicas: Sequence[str], metrics_port: int,
-                python: str = "python", kv_args: Sequence[str] = ()) -> list[str]:
+                python: str = "python", kv_args: Sequence[str] = (), profile_dir: str | None = None) -> list[str]:
     """The command line that serves ``system`` on 127.0.0.1:``port`` in front of ``replicas``
     (not for ``tao``: that is a whole stack). ``metrics_port``: the router's own Prometheus
     port (both Rust routers default to a fixed one, 29000, so runs would collide). ``kv_args``:
-    ``kv_event_router_args`` for a ``needs_kv_events`` system (required there)."""
+    ``kv_event_router_args`` for a ``needs_kv_events`` system (required there).
+    ``profile_dir``: ``thunderagent-real``'s profile CSV folder."""
+    if system.kind == THUNDERAGENT_REAL:
+        return thunderagent_argv(bin_dir, port, replicas, profile_dir)
     if system.kind == "floor":
         return [python, "-m", "bench.peers.rrproxy", "--port", str(port), *(a for r in replicas for a in ("--replica", r))]
     if system.kind == "vllm-router":

@@ -104,3 +104,57 @@ def test_table_and_verdict() -> None:
     assert v[1].startswith("mean_ttft_s: tao:tao not lowest") and "vllm-router:cache_aware 0.925" in v[1]
     clean = {"tao:tao": [_run(100, 1.0), _run(101, 1.0)], "floor": [_run(110, 2.0), _run(111, 2.0)]}
     assert verdict(clean).splitlines()[0] == "mean_task_latency_s: tao:tao lowest, beyond the spread against all 1 others"
+
+
+def test_thunderagent_real_is_its_own_system_started_with_its_documented_defaults(tmp_path) -> None:
+    from bench.peers.core import ALL_SYSTEMS, THUNDERAGENT_REAL, thunderagent_argv
+
+    ta = parse_system("thunderagent-real")
+    assert ta == System(THUNDERAGENT_REAL) and ta.name == "thunderagent-real" and ta.package is None
+    assert ta.name not in DEFAULT_SYSTEMS and ta.name in ALL_SYSTEMS
+    assert parse_system("tao:thunderagent", ["thunderagent"]).name == "tao:thunderagent"
+    # the bare name is ambiguous between the real proxy and TAO's re-implementation
+    for bad in ("thunderagent", "ThunderAgent", "thunderagent:tr", "thunderagent-real:tr"):
+        with pytest.raises(ValueError, match="tao:thunderagent"):
+            parse_system(bad, ["thunderagent"])
+    reps = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    v = router_argv(ta, "/venv/bin", 9000, reps, 9001, profile_dir="/logs/p")
+    assert v == thunderagent_argv("/venv/bin", 9000, reps, "/logs/p")
+    assert v[0] == "/venv/bin/thunderagent" and v[v.index("--backends") + 1] == ",".join(reps)
+    assert v[v.index("--backend-type") + 1] == "vllm" and v[v.index("--port") + 1] == "9000"
+    assert "--metrics" in v and "--profile" in v and v[v.index("--profile-dir") + 1] == "/logs/p"
+    # its scheduling parameters stay at ThunderAgent's own defaults: none is passed
+    for tuned in ("--router", "--scheduler-interval", "--metrics-interval", "--acting-token-weight",
+                  "--use-acting-token-decay"):
+        assert tuned not in v
+    assert "--profile-dir" not in thunderagent_argv("/b", 1, reps)
+    # command line: skipped without a checkout; a checkout must be a Python project
+    args = parse(["--systems", "floor,thunderagent-real,tao:thunderagent"])
+    assert [s.name for s in args.system_list] == ["floor", "thunderagent-real", "tao:thunderagent"]
+    assert args.thunderagent_src is None
+    with pytest.raises(SystemExit):
+        parse(["--systems", "thunderagent-real", "--thunderagent-src", str(tmp_path)])
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'ThunderAgent'\n")
+    assert parse(["--systems", "thunderagent-real", "--thunderagent-src", str(tmp_path)]).thunderagent_src == tmp_path
+    # the peers' versions are pinned to those docs/benchmarks.md measured
+    assert (args.vllm_router_spec, args.sglang_router_spec) == ("vllm-router==0.1.17", "sglang-router==0.3.2")
+
+
+def test_source_identity_names_the_commit_or_hashes_the_files(tmp_path) -> None:
+    import subprocess
+
+    from bench.peers.__main__ import source_identity
+
+    (tmp_path / "a.py").write_text("x = 1\n")
+    first = source_identity(tmp_path)
+    assert str(tmp_path) in first and "not a git checkout" in first
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert source_identity(tmp_path) != first
+    git = ["git", "-C", str(tmp_path), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "a.py"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "m"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert source_identity(tmp_path).startswith(f"commit {head} ")
+    (tmp_path / "a.py").write_text("x = 3\n")
+    assert source_identity(tmp_path).startswith(f"commit {head}+dirty ")
