@@ -60,7 +60,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--systems", default="default",
                     help="comma-separated: floor, vllm-router:POLICY, sglang-router:POLICY, tao:POLICY, "
-                         f"{THUNDERAGENT_REAL} (the ThunderAgent project's proxy; needs --thunderagent-src); "
+                         f"{THUNDERAGENT_REAL} (the ThunderAgent project's proxy; needs --thunderagent-src; "
+                         f"{THUNDERAGENT_REAL}:model-time: its 5 s intervals in model time); "
                          "'default' and 'all' expand (bench/peers/core.py)")
     ap.add_argument("--kind", default="swe-lite", choices=sorted(KINDS), help="workload kind (default swe-lite)")
     ap.add_argument("--sessions", type=int, default=12,
@@ -250,7 +251,8 @@ def run_one(system: System, sessions: list[TraceSession], args: argparse.Namespa
             kv_args = kv_event_router_args(_kv_event_sources(replicas), profile.model_name, profile.block_size)
         port = free_port()
         child = sup.spawn("router", router_argv(system, bin_dir, port, replicas, free_port(), python=sys.executable,
-                                                kv_args=kv_args, profile_dir=str(log_dir / "thunderagent-profiles")))
+                                                kv_args=kv_args, profile_dir=str(log_dir / "thunderagent-profiles"),
+                                                time_scale=args.time_scale))
         url = f"http://127.0.0.1:{port}"
         sup.wait_until(child, lambda: http_ok(f"{url}/health"), 60, "answering /health")
         metrics = asyncio.run(_drive(url, sessions, replicas, args, None, None))
@@ -278,10 +280,12 @@ def main(argv: list[str] | None = None) -> int:
              sorted({s.package for s in systems if s.package})}
     bin_dir, versions, unavailable = ensure_peers(args.venv, specs) if specs else (str(args.venv / "bin"), {}, {})
     skipped: dict[str, str] = {}
-    if any(s.kind == THUNDERAGENT_REAL for s in systems):
+    ta_systems = [s.name for s in systems if s.kind == THUNDERAGENT_REAL]
+    if ta_systems:
         if args.thunderagent_src is None:
-            skipped[THUNDERAGENT_REAL] = "skipped: no --thunderagent-src (a ThunderAgent checkout) given"
-            print(f"bench.peers: {THUNDERAGENT_REAL} {skipped[THUNDERAGENT_REAL]}", flush=True)
+            for name in ta_systems:
+                skipped[name] = "skipped: no --thunderagent-src (a ThunderAgent checkout) given"
+                print(f"bench.peers: {name} {skipped[name]}", flush=True)
         else:
             installed, why = ensure_thunderagent(args.venv, args.thunderagent_src)
             if installed:

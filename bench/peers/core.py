@@ -31,6 +31,12 @@ THUNDERAGENT_REAL = "thunderagent-real"
 KINDS = ("floor", "vllm-router", "sglang-router", "tao", THUNDERAGENT_REAL)
 #: systems named by one word (no ``:POLICY``)
 SINGLE_WORD = ("floor", THUNDERAGENT_REAL)
+#: ``thunderagent-real:model-time``: the same, its two wall-clock intervals divided by the
+#: time scale so that they last its default 5 s of *model* time (a variant, never by default)
+TA_MODEL_TIME = "model-time"
+#: ThunderAgent's ``--scheduler-interval`` and ``--metrics-interval`` defaults, wall seconds
+#: (``ThunderAgent/__main__.py``, ``ThunderAgent/config.py``)
+TA_DEFAULT_INTERVAL_S = 5.0
 
 #: run by default (`--systems all` adds the rest). Left out by default: vllm-router
 #: ``power_of_two``, ``sticky_least_loaded`` and ``random`` (load balancers without cache or
@@ -62,7 +68,7 @@ class System:
 
     @property
     def name(self) -> str:
-        return self.kind if self.kind in SINGLE_WORD else f"{self.kind}:{self.policy}"
+        return self.kind if self.kind in SINGLE_WORD and not self.policy else f"{self.kind}:{self.policy}"
 
     @property
     def needs_kv_events(self) -> bool:
@@ -81,6 +87,8 @@ def parse_system(text: str, tao_policies: Sequence[str] | None = None) -> System
     text = text.strip()
     if text in SINGLE_WORD:
         return System(text)
+    if text == f"{THUNDERAGENT_REAL}:{TA_MODEL_TIME}":
+        return System(THUNDERAGENT_REAL, TA_MODEL_TIME)
     if text.lower() == "thunderagent" or text.lower().startswith(("thunderagent:", f"{THUNDERAGENT_REAL}:")):
         raise ValueError(f"{text!r}: say {THUNDERAGENT_REAL} (the ThunderAgent project's own proxy, "
                          "--thunderagent-src) or tao:thunderagent (TAO's re-implementation of its policy)")
@@ -150,7 +158,8 @@ def kv_event_router_args(sources: Mapping[str, Mapping[str, Any]], model: str, b
     return argv + ["--kv-event-model", model, "--kv-event-block-size", str(block_size)]
 
 
-def thunderagent_argv(bin_dir: str, port: int, replicas: Sequence[str], profile_dir: str | None = None) -> list[str]:
+def thunderagent_argv(bin_dir: str, port: int, replicas: Sequence[str], profile_dir: str | None = None,
+                      model_time_scale: float | None = None) -> list[str]:
     """The real ThunderAgent as its README's "How to use?" starts it (``thunderagent
     --backend-type vllm --backends URL --port 9000 --metrics --profile``), here on 127.0.0.1 with
     the replicas comma-separated (``--backends``: "Comma-separated list of vLLM backend URLs").
@@ -159,21 +168,29 @@ def thunderagent_argv(bin_dir: str, port: int, replicas: Sequence[str], profile_
     and ``--metrics-interval 5.0`` (wall seconds), ``--acting-token-weight 1.0``, no
     ``--use-acting-token-decay``. ``profile_dir``: where ``--profile`` writes its
     ``step_profiles.csv`` (default ``/tmp/thunderagent_profiles``); ``--log-level warning`` only
-    quietens uvicorn's access log."""
+    quietens uvicorn's access log. ``model_time_scale`` (the ``model-time`` variant only): both
+    intervals become 5 s / time scale of wall time, i.e. its default 5 s of the replicas' model
+    time (at the defaults they are 5 wall seconds = 5 × time scale model seconds)."""
     argv = [f"{bin_dir}/thunderagent", "--backend-type", "vllm", "--backends", ",".join(replicas),
             "--host", "127.0.0.1", "--port", str(port), "--metrics", "--profile", "--log-level", "warning"]
+    if model_time_scale is not None:
+        wall = f"{TA_DEFAULT_INTERVAL_S / model_time_scale:g}"
+        argv += ["--scheduler-interval", wall, "--metrics-interval", wall]
     return argv + (["--profile-dir", profile_dir] if profile_dir else [])
 
 
 def router_argv(system: System, bin_dir: str, port: int, replicas: Sequence[str], metrics_port: int,
-                python: str = "python", kv_args: Sequence[str] = (), profile_dir: str | None = None) -> list[str]:
+                python: str = "python", kv_args: Sequence[str] = (), profile_dir: str | None = None,
+                time_scale: float = 1.0) -> list[str]:
     """The command line that serves ``system`` on 127.0.0.1:``port`` in front of ``replicas``
     (not for ``tao``: that is a whole stack). ``metrics_port``: the router's own Prometheus
     port (both Rust routers default to a fixed one, 29000, so runs would collide). ``kv_args``:
     ``kv_event_router_args`` for a ``needs_kv_events`` system (required there).
-    ``profile_dir``: ``thunderagent-real``'s profile CSV folder."""
+    ``profile_dir``: ``thunderagent-real``'s profile CSV folder; ``time_scale``: the replicas'
+    (for ``thunderagent-real:model-time``)."""
     if system.kind == THUNDERAGENT_REAL:
-        return thunderagent_argv(bin_dir, port, replicas, profile_dir)
+        return thunderagent_argv(bin_dir, port, replicas, profile_dir,
+                                 time_scale if system.policy == TA_MODEL_TIME else None)
     if system.kind == "floor":
         return [python, "-m", "bench.peers.rrproxy", "--port", str(port), *(a for r in replicas for a in ("--replica", r))]
     if system.kind == "vllm-router":

@@ -128,6 +128,12 @@ def test_thunderagent_real_is_its_own_system_started_with_its_documented_default
                   "--use-acting-token-decay"):
         assert tuned not in v
     assert "--profile-dir" not in thunderagent_argv("/b", 1, reps)
+    # the variant: both 5 s wall-clock intervals shortened to 5 s of the replicas' model time
+    mt = parse_system("thunderagent-real:model-time")
+    assert mt.name == "thunderagent-real:model-time" and mt.name not in ALL_SYSTEMS
+    m = router_argv(mt, "/b", 1, reps, 2, time_scale=20.0)
+    assert m[m.index("--scheduler-interval") + 1] == m[m.index("--metrics-interval") + 1] == "0.25"
+    assert "--scheduler-interval" not in router_argv(ta, "/b", 1, reps, 2, time_scale=20.0)
     # command line: skipped without a checkout; a checkout must be a Python project
     args = parse(["--systems", "floor,thunderagent-real,tao:thunderagent"])
     assert [s.name for s in args.system_list] == ["floor", "thunderagent-real", "tao:thunderagent"]
