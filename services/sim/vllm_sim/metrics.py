@@ -28,7 +28,11 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                40.0, 80.0)
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-FINISH_REASONS = ("stop", "length", "abort")
+#: vLLM's ``FINISH_REASON_STRINGS`` (``vllm/v1/engine/__init__.py``); ``vllm/v1/metrics/loggers.py``
+#: exports a ``vllm:request_success_total{finished_reason=…}`` series for each, so those the
+#: emulator never ends with ("error", "repetition") are there at 0, as in vLLM (ThunderAgent's
+#: ``backend/vllm_metrics.py`` reads stop, length, abort and error)
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 LABELS = ("model_name", "engine")
 
 

@@ -109,6 +109,9 @@ async def test_health_models_and_metrics(sim: RunningSim) -> None:
                     if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
 
     assert value("vllm:request_success_total", finished_reason="length") == 1
+    # a series per vLLM finish reason, those never reached at 0 (vllm/v1/metrics/loggers.py)
+    assert value("vllm:request_success_total", finished_reason="error") == 0
+    assert value("vllm:request_success_total", finished_reason="repetition") == 0
     assert value("vllm:generation_tokens_total") == 4
     # not vLLM's: model seconds spent in engine steps (4 steps of a 32B decode: tens of ms each)
     assert 0.01 < value("tao_vllm_sim_busy_seconds_total") < 5.0
