@@ -1,12 +1,11 @@
 """The fleet fault suite at a small size (``tao check faults --fleet``; docs/architecture.md#the-fleet-fault-suite):
 3 routers, 2 planners, 2 budget services, a Redis Cluster of 3 masters with a replica each, the
 predictor and two emulated replicas, all real processes on loopback, under an agent workload
-spread over the routers. kill -9 the leader planner, the Redis master that holds every TAO key,
-then one router: the standby / the promoted replica / the other routers take over, and no
-request is lost or executed twice and every session finishes.
+spread over the routers. kill -9 the leader planner, the leader budget service, the Redis master
+that holds every TAO key, then one router: the standby / the promoted replica / the other
+routers take over, and no request is lost or executed twice and every session finishes.
 
-Every wait has a deadline and recovery times are reported, never asserted. The leader budget
-kill runs in ``tao check faults --fleet`` only (it is the planner's lease code again).
+Every wait has a deadline and recovery times are reported, never asserted.
 """
 
 from __future__ import annotations
@@ -56,6 +55,13 @@ async def test_leader_planner_killed_standby_takes_over(healthy: FleetEnv) -> No
     res = await scenarios_fleet.kill_planner(healthy, **SMALL)
     _assert_survived(res, healthy)
     assert "standby_leads" in res.recovery_s and "routers_applied" in res.recovery_s
+
+
+@pytest.mark.timeout(180)
+async def test_leader_budget_killed_standby_publishes_caps(healthy: FleetEnv) -> None:
+    res = await scenarios_fleet.kill_budget(healthy, **SMALL)
+    _assert_survived(res, healthy)
+    assert "standby_leads" in res.recovery_s and "caps_published" in res.recovery_s
 
 
 @pytest.mark.timeout(180)
