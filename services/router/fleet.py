@@ -44,7 +44,7 @@ from services.common import keys
 from services.common.aio import reraise_if_cancelling, stop_tasks, wait_event, within
 from services.common.core.lease import Action, LeaseConfig, LeaseCore, term_epoch
 from services.common.fleet import ADOPT, CLAIM, FENCED_SESSIONS, JOIN, LEAVE, RENEW, SLOTS, demand_field
-from services.router.core.fleet import local_caps, owner_token, slot_target, waiting_for_slot
+from services.router.core.fleet import local_caps, owner_token, slot_request, waiting_for_slot
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -117,6 +117,8 @@ class RouterFleet:
         self._deleting: dict[str, str] = {}
         self.budget_caps: dict[str, int] | None = None
         self.allot: dict[str, int] = {}
+        #: tenants whose allotment a slot call confirmed in the current term (``slot_request``)
+        self._confirmed: set[str] = set()
         self._seen: dict[str, tuple[int, int, float]] = {}  # tenant -> (others, waiters, when)
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -176,7 +178,8 @@ class RouterFleet:
         if term != before:
             self._joined_at = sent
             self.verified.clear()
-            self.allot.clear()
+            self.allot.clear()  # Redis may still hold some under this id: confirmed again (slot_request)
+            self._confirmed.clear()
             self.log.info("fleet member", term=term, epoch=self.epoch)
             self._on_epoch(self.epoch)
 
@@ -465,19 +468,24 @@ class RouterFleet:
             held = waiting_for_slot(self.core, tenant)
             cur = self.allot.get(tenant, 0)
             others, waiters, when = self._seen.get(tenant, (0, 0, -1e9))
-            if in_flight == 0 and held == 0 and cur == 0:
-                continue
-            target = slot_target(in_flight, held, cap, others, waiters)
-            if target == cur and held == 0 and waiters == 0 and now - when < SLOT_SYNC_IDLE_S:
+            target = slot_request(in_flight, held, cur, cap, others, waiters, confirmed=tenant in self._confirmed,
+                                  fresh=now - when < SLOT_SYNC_IDLE_S)
+            if target is None:
                 continue
             if target < cur:  # lower the core's cap first, then give the slots back
                 self.allot[tenant] = target
                 self._on_caps()
+            self._confirmed.discard(tenant)  # until Redis answers (a failed call may have been applied)
+            term = self.lease.term
             n, others, waiters = await self._slots_call(tenant, target, cap)
+            if self.lease.term != term:  # rejoined meanwhile: Redis may have dropped what it answered
+                continue  # (a dead router's slots): the tenant stays unconfirmed and is asked again
             if n > 0:
                 self.allot[tenant] = n
             else:
                 self.allot.pop(tenant, None)
+            if n >= target:
+                self._confirmed.add(tenant)
             self._seen[tenant] = (others, waiters, self._now())
             self._on_caps()
             busy = busy or held > 0 or waiters > 0

@@ -9,6 +9,12 @@ admitted without a Redis round trip), and gives back what it does not use.
 Ordering keeps Σ admitted <= cap at every instant: a router lowers its core's cap *before* it
 gives slots back in Redis, and raises it only *after* Redis granted them; the core never admits
 past its cap, and an allotment is never lowered below what is in flight.
+
+Liveness: Redis keeps a router's allotment under its id, so whatever Redis holds there must
+end up known to the router, or nobody gives it back. A router that rejoins in a new member term
+(its lease lapsed in Redis: an event loop stalled past it) forgets its allotments, and a slot
+call can fail after Redis applied it; until a call in the current term confirms a tenant's
+allotment, the router asks for it even while idle (``slot_request``).
 """
 
 from __future__ import annotations
@@ -30,6 +36,26 @@ def slot_target(in_flight: int, held: int, cap: int, others: int, waiters: int) 
         free = cap - others - need
         spare = max(0, (free + 1) // 2)
     return max(in_flight, min(cap, need + spare))
+
+
+def slot_request(in_flight: int, held: int, cur: int, cap: int, others: int, waiters: int, *,
+                 confirmed: bool, fresh: bool) -> int | None:
+    """The allotment of a tenant to ask Redis for now (``fleet.SLOTS``), or None: no call due.
+
+    ``cur``: the slots this router knows it holds; ``others``, ``waiters``: what its last call
+    saw, ``fresh``: that call is recent; ``confirmed``: a call answered in the current member
+    term since, and it left no waiting mark (it got what it asked). A tenant with nothing in
+    flight or held and no slot known is left alone once confirmed; unconfirmed it is asked
+    at 0: Redis may still count slots (or a waiting mark) under this router's id that it no
+    longer knows of (it rejoined in a new term and forgot its allotments, or a call failed
+    after Redis applied it), and an idle router would never give them back: the other routers'
+    requests of the tenant would wait at cap 0 for as long as this one gets none of them."""
+    if in_flight == 0 and held == 0 and cur == 0:
+        return None if confirmed else 0
+    target = slot_target(in_flight, held, cap, others, waiters)
+    if confirmed and fresh and target == cur and held == 0 and waiters == 0:
+        return None
+    return target
 
 
 def waiting_for_slot(core: RouterCore, tenant: str) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from services.router.core.fleet import local_caps, owner_token, slot_target, waiting_for_slot
+from services.router.core.fleet import local_caps, owner_token, slot_request, slot_target, waiting_for_slot
 from services.router.core.model import CoreConfig, NewRequest, PlanDecision, Replica
 from services.router.core.state import RouterCore
 
@@ -24,6 +24,30 @@ def test_slot_target_properties() -> None:
         assert t <= max(in_flight, cap)
         if waiters:
             assert t <= max(in_flight, in_flight + held)
+
+
+def test_an_idle_router_asks_once_per_term_so_slots_redis_still_holds_under_its_id_come_back() -> None:
+    # The seed-4 hang of the randomized fleet test: a router kept a spare slot, its member lease
+    # lapsed in Redis (the event loop stalled), it rejoined in a new term with its allotments
+    # forgotten (cur 0) while Redis still counted the slot under its id. Idle, it never called
+    # again, and the other routers' requests of the tenant waited at cap 0 until hold_timeout_s.
+    assert slot_request(0, 0, 0, cap=2, others=0, waiters=1, confirmed=False, fresh=False) == 0  # give it back
+    assert slot_request(0, 0, 0, cap=2, others=0, waiters=1, confirmed=True, fresh=False) is None  # known: none
+    # a known allotment that is fresh and uncontended is left alone, unless unconfirmed
+    assert slot_request(0, 0, 1, cap=2, others=0, waiters=0, confirmed=True, fresh=True) is None
+    assert slot_request(0, 0, 1, cap=2, others=0, waiters=0, confirmed=False, fresh=True) == 1
+    assert slot_request(0, 0, 1, cap=2, others=0, waiters=0, confirmed=True, fresh=False) == 1  # re-checked
+    assert slot_request(0, 0, 1, cap=2, others=1, waiters=1, confirmed=True, fresh=True) == 0  # someone waits
+    assert slot_request(1, 2, 1, cap=4, others=0, waiters=0, confirmed=True, fresh=True) == 4  # demand: asks
+    for in_flight, held, cur, others, waiters, confirmed, fresh in itertools.product(
+            range(3), range(3), range(3), range(3), range(2), (False, True), (False, True)):
+        want = slot_request(in_flight, held, cur, 3, others, waiters, confirmed=confirmed, fresh=fresh)
+        if not confirmed:
+            assert want is not None  # an unconfirmed tenant is always asked
+        if want is not None:
+            assert want >= in_flight  # never below what runs
+        if held:
+            assert want is not None
 
 
 def test_local_caps_are_the_allotments_within_the_budget_cap() -> None:
