@@ -49,6 +49,37 @@ async def test_within_delivers_a_cancel_that_coincides_with_the_result() -> None
     assert task.cancelled()
 
 
+async def test_within_delivers_a_cancel_that_the_awaitable_swallowed() -> None:
+    # as redis-py's command write does on 3.11 (asyncio.wait_for): the call returns, the cancel is gone
+    async def swallows() -> str:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            return "returned"
+        return "slept"
+
+    task = asyncio.create_task(within(swallows(), 10.0))
+    await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.wait({task}, timeout=1.0)
+    assert task.cancelled()
+
+
+async def test_within_in_a_task_already_cancelling_still_runs_its_cleanup() -> None:
+    # a cancellation that was caught before within (cleanup in an except/finally) is not raised again
+    async def cleanup() -> int:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            return await within(asyncio.sleep(0, result=5), 1.0)
+        return 0
+
+    task = asyncio.create_task(cleanup())
+    await asyncio.sleep(0)
+    task.cancel()
+    assert await task == 5
+
+
 async def test_wait_event_reports_set_and_timeout() -> None:
     event = asyncio.Event()
     assert await wait_event(event, 0.01) is False
