@@ -118,15 +118,22 @@ def _ensure_venv(venv: Path) -> str | None:
 
 
 def source_identity(src: Path) -> str:
-    """Which ThunderAgent source was measured: ``git`` commit (``+dirty`` with local changes) of
-    a checkout, else the path and a sha256 over its files (``.git`` excluded)."""
+    """Which ThunderAgent source was measured: ``git`` commit of a checkout (``+dirty`` when
+    tracked files changed), else the path and a sha256 over its files (``.git`` and what ``pip
+    install`` leaves in the folder excluded: ``build/``, ``*.egg-info/``, ``__pycache__/``)."""
     proc = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True)
     if proc.returncode == 0:
-        dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain"], capture_output=True, text=True)
+        dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True)
         return f"commit {proc.stdout.strip()}{'+dirty' if dirty.stdout.strip() else ''} ({src})"
     h = hashlib.sha256()
-    for f in sorted(p for p in src.rglob("*") if p.is_file() and ".git" not in p.parts
-                    and "__pycache__" not in p.parts and not p.name.endswith(".egg-info")):
+
+    def built(p: Path) -> bool:
+        parts = p.relative_to(src).parts
+        return bool({".git", "__pycache__"} & set(parts)) or parts[0] == "build" \
+            or any(x.endswith(".egg-info") for x in parts)
+
+    for f in sorted(p for p in src.rglob("*") if p.is_file() and not built(p)):
         h.update(str(f.relative_to(src)).encode() + b"\0" + f.read_bytes() + b"\0")
     return f"{src} (not a git checkout; files sha256 {h.hexdigest()[:16]})"
 

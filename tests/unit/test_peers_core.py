@@ -154,6 +154,11 @@ def test_source_identity_names_the_commit_or_hashes_the_files(tmp_path) -> None:
     (tmp_path / "a.py").write_text("x = 1\n")
     first = source_identity(tmp_path)
     assert str(tmp_path) in first and "not a git checkout" in first
+    # what pip install leaves behind does not change it
+    for junk in ("build/lib/a.py", "X.egg-info/PKG-INFO", "__pycache__/a.pyc"):
+        (tmp_path / junk).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / junk).write_text("junk")
+    assert source_identity(tmp_path) == first
     (tmp_path / "a.py").write_text("x = 2\n")
     assert source_identity(tmp_path) != first
     git = ["git", "-C", str(tmp_path), "-c", "user.email=t@t", "-c", "user.name=t"]
