@@ -64,7 +64,10 @@ async def within(awaitable: Awaitable[T], timeout_s: float) -> T:
 
 
 async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
-    """Wait until ``event`` is set or ``timeout_s`` passes; True when it was set."""
+    """Wait until ``event`` is set or ``timeout_s`` passes; True when it was set. A background
+    loop waits here at the top of every round, so a cancellation of the caller that an earlier
+    call of the round swallowed (see the module docstring) is raised here, ending the loop."""
+    reraise_if_cancelling()
     try:
         async with asyncio.timeout(timeout_s):
             await event.wait()

@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from redis.exceptions import RedisError
 
 from services.common import tracing
-from services.common.aio import within
+from services.common.aio import reraise_if_cancelling, within
 from services.common.clock import Clock
 from services.common.epoch import RevisionCounter
 from services.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
@@ -394,6 +394,7 @@ class PredictorEngine:
 
     async def _flush_loop(self) -> None:
         while True:
+            reraise_if_cancelling()  # a cancel redis-py swallowed last round (services/common/aio.py)
             await self._flush_needed.wait()
             self._flush_needed.clear()
             if not await self.flush_once():

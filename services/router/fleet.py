@@ -185,6 +185,7 @@ class RouterFleet:
 
     async def _member_loop(self) -> None:
         while True:
+            reraise_if_cancelling()  # a cancel redis-py swallowed last round (services/common/aio.py)
             await asyncio.sleep(max(0.005, self.lease.wait_s(self._now())))
             now = self._now()
             action = self.lease.due(now)
@@ -352,6 +353,7 @@ class RouterFleet:
 
     async def _adopt_loop(self) -> None:
         while True:
+            reraise_if_cancelling()
             await asyncio.sleep(self.lease.config.ttl_s)
             try:
                 await self.adopt()

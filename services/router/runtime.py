@@ -525,6 +525,7 @@ class RouterRuntime:
 
     async def _housekeeping(self) -> None:
         while True:
+            reraise_if_cancelling()
             await asyncio.sleep(1.0)
             if self.core.expire(self.now()):
                 self.store.wake()

@@ -194,6 +194,7 @@ class StateStore:
 
     async def _flush_loop(self) -> None:
         while True:
+            reraise_if_cancelling()
             await self._wake.wait()
             if not self._urgent.is_set():
                 await wait_event(self._urgent, self._flush_s)
@@ -214,6 +215,7 @@ class StateStore:
         last_demand = last_resync = 0.0
         loop = asyncio.get_running_loop()
         while True:
+            reraise_if_cancelling()  # a cancel redis-py swallowed last round (services/common/aio.py)
             await asyncio.sleep(min(self._demand_s, self._resync_s) / 2)
             now = loop.time()  # these periods are wall time (I/O pacing)
             if now - last_demand >= self._demand_s:
