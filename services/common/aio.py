@@ -18,7 +18,11 @@ Two ways a cancellation gets lost, and the helpers that prevent them:
   call *returns* (measured: 116 of 300 cancels timed onto a ``PING``); no ``except`` sees it.
   ``within`` raises a cancellation that arrived while it waited and the awaitable swallowed:
   the services' health loop pings through it, and a lost cancel there left ``stop()`` waiting
-  on the health task for good (a fleet test's teardown hung after an event-loop stall).
+  on the health task for good (a fleet test's teardown hung after an event-loop stall). Every
+  background loop also calls ``reraise_if_cancelling`` at the top of each round, so a cancel
+  that any call of the previous round swallowed ends the loop. (Not inside ``wait_event`` or
+  ``within``: cleanup that runs while its task is cancelled, such as a flush on close, must
+  still be able to wait.)
 """
 
 from __future__ import annotations
@@ -64,10 +68,7 @@ async def within(awaitable: Awaitable[T], timeout_s: float) -> T:
 
 
 async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
-    """Wait until ``event`` is set or ``timeout_s`` passes; True when it was set. A background
-    loop waits here at the top of every round, so a cancellation of the caller that an earlier
-    call of the round swallowed (see the module docstring) is raised here, ending the loop."""
-    reraise_if_cancelling()
+    """Wait until ``event`` is set or ``timeout_s`` passes; True when it was set."""
     try:
         async with asyncio.timeout(timeout_s):
             await event.wait()

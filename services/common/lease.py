@@ -34,7 +34,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from services.common import keys
-from services.common.aio import wait_event, within
+from services.common.aio import reraise_if_cancelling, wait_event, within
 from services.common.core.lease import Action, LeaseConfig, LeaseCore, Role, term_epoch
 
 # KEYS = [lease, term]; ARGV = [token, ttl_ms, the term this process held last (0: none)]
@@ -167,6 +167,7 @@ class RedisLease:
 
     async def _run(self) -> None:
         while True:
+            reraise_if_cancelling()
             await wait_event(self._wake, max(0.01, self.core.wait_s(self._now())))
             self._wake.clear()
             try:

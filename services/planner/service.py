@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from redis.exceptions import RedisError
 
 from services.common import keys, tracing
-from services.common.aio import wait_event, within
+from services.common.aio import reraise_if_cancelling, wait_event, within
 from services.common.epoch import RevisionCounter, Stamp
 from services.common.errors import InvalidArgument, NotFound
 from services.common.lease import RedisLease
@@ -213,6 +213,7 @@ class PlannerService:
     async def _rounds(self) -> None:
         """Plan on every debounced kick and at least every ``tick_s``; a failing round is logged."""
         while True:
+            reraise_if_cancelling()
             await wait_event(self._kick, self.clock.wall_seconds(self.settings.tick_s))
             if self._kick.is_set() and self.settings.debounce_s > 0:
                 await asyncio.sleep(self.clock.wall_seconds(self.settings.debounce_s))

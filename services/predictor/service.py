@@ -394,7 +394,7 @@ class PredictorEngine:
 
     async def _flush_loop(self) -> None:
         while True:
-            reraise_if_cancelling()  # a cancel redis-py swallowed last round (services/common/aio.py)
+            reraise_if_cancelling()
             await self._flush_needed.wait()
             self._flush_needed.clear()
             if not await self.flush_once():

@@ -185,7 +185,7 @@ class RouterFleet:
 
     async def _member_loop(self) -> None:
         while True:
-            reraise_if_cancelling()  # a cancel redis-py swallowed last round (services/common/aio.py)
+            reraise_if_cancelling()
             await asyncio.sleep(max(0.005, self.lease.wait_s(self._now())))
             now = self._now()
             action = self.lease.due(now)
@@ -496,6 +496,7 @@ class RouterFleet:
     async def _slots_loop(self) -> None:
         busy = False
         while True:
+            reraise_if_cancelling()
             await wait_event(self._kick, SLOT_SYNC_BUSY_S if busy else SLOT_SYNC_IDLE_S)
             self._kick.clear()
             try:

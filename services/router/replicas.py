@@ -234,6 +234,7 @@ class ReplicaRegistry:
 
     async def _loop(self) -> None:
         while True:
+            reraise_if_cancelling()
             await wait_event(self._kick, self._interval_s)
             self._kick.clear()
             await self.probe_all()

@@ -465,6 +465,7 @@ class RouterRuntime:
 
     async def _fallback_loop(self) -> None:
         while True:
+            reraise_if_cancelling()
             await wait_event(self._fallback_kick, self.wall(self.settings.fallback_interval_s))
             self._fallback_kick.clear()
             await asyncio.sleep(0.002)  # gather a burst of arrivals into one plan

@@ -215,7 +215,7 @@ class StateStore:
         last_demand = last_resync = 0.0
         loop = asyncio.get_running_loop()
         while True:
-            reraise_if_cancelling()  # a cancel redis-py swallowed last round (services/common/aio.py)
+            reraise_if_cancelling()
             await asyncio.sleep(min(self._demand_s, self._resync_s) / 2)
             now = loop.time()  # these periods are wall time (I/O pacing)
             if now - last_demand >= self._demand_s:

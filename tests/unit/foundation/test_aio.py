@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from services.common.aio import stop_tasks, wait_event, within
+from services.common.aio import reraise_if_cancelling, stop_tasks, wait_event, within
 
 
 async def _kick_and_cancel(wait: object) -> asyncio.Task[None]:
@@ -117,7 +117,7 @@ async def test_stop_tasks_is_bounded_for_a_task_that_ignores_cancel() -> None:
 
 async def test_a_loop_on_wait_event_ends_when_its_round_swallowed_the_cancel() -> None:
     # a background loop whose round calls something that swallows the cancel (redis-py's write on
-    # 3.11) must still end: wait_event, at the top of the next round, raises it
+    # 3.11) must still end: reraise_if_cancelling, at the top of the next round, raises it
     rounds = 0
     swallowed = False
 
@@ -134,6 +134,7 @@ async def test_a_loop_on_wait_event_ends_when_its_round_swallowed_the_cancel() -
         nonlocal rounds
         kick = asyncio.Event()
         while True:
+            reraise_if_cancelling()
             await wait_event(kick, 0.01)
             rounds += 1
             await swallows()
