@@ -34,7 +34,7 @@ from services.router import sessions_http
 from services.router import tracing as router_tracing
 from services.router.auth import Authenticator, ReloadingAuthenticator, bearer_key
 from services.router.core import programs
-from services.router.core.model import Grant, NewRequest
+from services.router.core.model import Grant, NewRequest, Session
 from services.router.core.ratelimit import parse_limits
 from services.router.core.state import SessionBusy, SessionConflict, UnknownSession
 from services.router.prompt_length import PromptCounter
@@ -331,11 +331,14 @@ class Gateway:
         ``?format=json`` or ``Accept: application/json``; Prometheus text otherwise."""
         core = self.rt.core
         stats = programs.program_stats(core.sessions.values(), core.replicas, core.config.gating)
+        admitted: dict[str | None, list[Session]] = {}
+        for s in core.sessions.values():
+            if s.admitted:
+                admitted.setdefault(s.replica, []).append(s)
         backends = {}
         for rep in core.replicas.values():
-            mine = [s for s in core.sessions.values() if s.admitted and s.replica == rep.id]
             backends[rep.url] = programs.backend_entry(
-                rep, mine, core.used.get(rep.id, 0), core.config.target_utilisation, core.config.gating,
+                rep, admitted.get(rep.id, []), core.used.get(rep.id, 0), core.config.target_utilisation, core.config.gating,
                 stats["per_backend"][rep.url]["paused"])
         return {"metrics_enabled": True, "metrics_interval": self.settings.health_interval_s, "backends": backends}
 

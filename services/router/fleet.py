@@ -45,6 +45,7 @@ from services.common.aio import reraise_if_cancelling, stop_tasks, wait_event, w
 from services.common.core.lease import Action, LeaseConfig, LeaseCore, term_epoch
 from services.common.fleet import ADOPT, CLAIM, FENCED_SESSIONS, JOIN, LEAVE, RENEW, SLOTS, demand_field
 from services.router.core.fleet import local_caps, owner_token, slot_request, waiting_for_slot
+from services.router.validation import RequestError, stream_error
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -430,7 +431,7 @@ class RouterFleet:
                 # OpenAI-style error event and [DONE]; any other body just ends early
                 if upstream.headers.get("content-type", "").startswith("text/event-stream"):
                     with contextlib.suppress(ConnectionError, RuntimeError):
-                        await out.write(_stream_error(f"router {claim.owner} failed mid-stream: {exc!r}"))
+                        await out.write(stream_error(f"router {claim.owner} failed mid-stream: {exc!r}"))
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await out.write_eof()
             return out
@@ -515,11 +516,6 @@ def _json(raw: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _stream_error(message: str) -> bytes:
-    body = {"error": {"message": message, "type": "server_error", "param": None, "code": 502}}
-    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
-
-
 def _unavailable(message: str, headers: dict[str, str] | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": "server_error", "param": None, "code": "service_unavailable"}}
+    body = RequestError(503, message, code="service_unavailable", type_="server_error").body()
     return web.json_response(body, status=503, headers={"Retry-After": "1", **(headers or {})})

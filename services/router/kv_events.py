@@ -192,19 +192,13 @@ class KvCredit:
         self._http: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: set[asyncio.Task[None]] = set()
-        self.changes = 0  # index updates seen (applied batches and recoveries)
-
-    def _changed(self) -> None:
-        self.changes += 1
-
-    def covers(self, replica: str) -> bool:
-        return replica in self.sources
 
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.render_timeout_s))
         for rid, src in self.sources.items():
-            sub = ReplicaSubscriber(self.index, rid, src, self._ctx, self._changed, self.replay_timeout_s, self.log)
+            sub = ReplicaSubscriber(self.index, rid, src, self._ctx, lambda: None, self.replay_timeout_s,
+                                    self.log)
             self.subscribers[rid] = sub
             self._tasks.append(asyncio.create_task(sub.run(), name=f"router-kv-events-{rid}"))
         if self.credit:

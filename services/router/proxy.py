@@ -33,7 +33,7 @@ from services.router.relay import StreamRelay, parse_usage, take_usage
 from services.router.runtime import HoldTimeout, RouterRuntime, SessionReleased
 from services.router.upstream import Origin, UpstreamError, request_head
 from services.router.upstream_pool import UpstreamResponse
-from services.router.validation import ParsedRequest, RequestError
+from services.router.validation import ParsedRequest, RequestError, stream_error
 
 __all__ = ["Exchange", "error_response", "parse_usage", "serve", "take_usage", "unavailable"]
 
@@ -81,11 +81,6 @@ def error_response(err: RequestError, headers: dict[str, str] | None = None) -> 
 def unavailable(rt: RouterRuntime, message: str) -> web.Response:
     err = RequestError(503, message, code="service_unavailable", type_="server_error")
     return error_response(err, {"Retry-After": str(rt.settings.retry_after_s)})
-
-
-def _stream_error(message: str) -> bytes:
-    body = {"error": {"message": message, "type": "server_error", "param": None, "code": 502}}
-    return b"data: " + orjson.dumps(body) + b"\n\ndata: [DONE]\n\n"
 
 
 async def serve(rt: RouterRuntime, request: web.Request, ex: Exchange, grant: Grant) -> web.StreamResponse:
@@ -231,7 +226,7 @@ async def _relay(rt: RouterRuntime, request: web.Request, ex: Exchange, grant: G
             if client is None:
                 raise UpstreamFailed(f"{grant.replica}: {relay.error} before the first event")
             rt.replica_failed(grant.replica, f"mid-stream: {relay.error}")
-            relay.send(_stream_error(f"replica {grant.replica} failed mid-stream: {relay.error}"))
+            relay.send(stream_error(f"replica {grant.replica} failed mid-stream: {relay.error}"))
             return client
         if relay.leftover:
             if client is None:
@@ -243,7 +238,7 @@ async def _relay(rt: RouterRuntime, request: web.Request, ex: Exchange, grant: G
         if client is None:
             raise UpstreamFailed(f"{grant.replica} closed the stream before its first event")
         rt.replica_failed(grant.replica, "stream ended without [DONE]")
-        relay.send(_stream_error(f"replica {grant.replica} ended the stream early"))
+        relay.send(stream_error(f"replica {grant.replica} ended the stream early"))
         return client
     except ClientGone:
         resp.close()  # the replica aborts the request

@@ -42,6 +42,12 @@ class RequestError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+def stream_error(message: str) -> bytes:
+    """A failure after a stream's headers went out: an OpenAI-style error event, then [DONE]."""
+    body = RequestError(502, message, code=502, type_="server_error").body()
+    return b"data: " + orjson.dumps(body) + b"\n\ndata: [DONE]\n\n"
+
+
 @dataclass(frozen=True, slots=True)
 class ParsedRequest:
     model: str

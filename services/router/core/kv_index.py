@@ -230,9 +230,6 @@ class KVBlockIndex:
         if r.last_seq is None:
             r.synced = True
 
-    def forget(self, replica: str) -> None:
-        self.replicas.pop(replica, None)
-
     def synced(self, replica: str) -> bool:
         r = self.replicas.get(replica)
         return r is not None and r.synced
@@ -287,8 +284,8 @@ class PrefixTracker:
                 o.pop(key, None)
                 if not o:
                     del owners[d]
-        for mk in [mk for mk in self._memo if mk[0] == key]:
-            del self._memo[mk]
+        for rid in self.index.replicas:  # memo entries exist only for replicas of the index
+            self._memo.pop((key, rid), None)
 
     def sync(self) -> None:
         """Fold every replica's removals since the last call into the matches."""

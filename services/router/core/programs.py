@@ -32,7 +32,7 @@ from typing import Any
 from services.router.core.model import Replica, Session, phase_of
 
 
-def status_of(s: Session, gating: bool) -> str:
+def status_of(s: Session) -> str:
     """ThunderAgent's ``ProgramStatus``: ``reasoning`` (a request in flight or held) or ``acting``."""
     return "reasoning" if s.in_flight > 0 or s.held > 0 else "acting"
 
@@ -61,7 +61,7 @@ def program_entry(s: Session, replicas: Mapping[str, Replica], gating: bool) -> 
         "context_len": tokens,
         "total_tokens": tokens,
         "step_count": s.tokens.requests + s.in_flight + s.held,
-        "status": status_of(s, gating),
+        "status": status_of(s),
         "state": state_of(s, gating),
     }
 
@@ -84,7 +84,7 @@ def program_stats(sessions: Iterable[Session], replicas: Mapping[str, Replica], 
     total = reasoning = acting = paused = marked = 0
     for s in sessions:
         total += 1
-        status = status_of(s, gating)
+        status = status_of(s)
         if status == "reasoning":
             reasoning += 1
         else:
@@ -119,7 +119,7 @@ def backend_entry(rep: Replica, sessions: Iterable[Session], used_tokens: int, t
     reasoning_tokens = acting_tokens = reasoning = acting = 0
     future_paused = 0
     for s in sessions:
-        if status_of(s, gating) == "reasoning":
+        if status_of(s) == "reasoning":
             reasoning += 1
             reasoning_tokens += s.footprint_tokens
         else:

@@ -229,8 +229,8 @@ class RouterCore:
             other = self.sessions.get(req.session_id)
             if req.session_id != s.id and other is not None and not other.admitted:
                 return  # an ordering decision: the planner's
-        headroom = self.tenant_headroom()
-        if headroom is not None and s.tenant in headroom and headroom[s.tenant] <= 0:
+        cap = None if self.caps is None else self.caps.get(s.tenant)
+        if cap is not None and cap - self.tenant_in_flight.get(s.tenant, 0) <= 0:
             return
         best: tuple[float, int, int, str] | None = None
         for rep in self.replicas.values():
