@@ -54,7 +54,7 @@ from services.budget.settings import Settings
 from services.common import keys, tracing
 from services.common.clock import Clock
 from services.common.errors import InvalidArgument, NotFound, Unavailable
-from services.common.fleet import LIVE_EPOCHS, merge_demand
+from services.common.fleet import LIVE_EPOCHS, epoch_counts, merge_demand
 from services.common.lease import RedisLease
 from services.common.records import BudgetConfigRecord, RecordError, ReplicaRecord, TenantDemandRecord, load
 from tao.budget.v1 import budget_pb2, budget_pb2_grpc
@@ -202,7 +202,7 @@ class BudgetService:
                 continue
             # a router fleet (docs/architecture.md#router-fleet): every live router's records,
             # summed per tenant; else the sole router's live epoch
-            if rec.tenant in names and (rec.epoch in fleet if fleet else live is None or rec.epoch == live):
+            if rec.tenant in names and epoch_counts(rec.epoch, fleet, live):
                 records.append(rec)
         for rec in merge_demand(records) if fleet else records:
             seen[rec.tenant] = demand_from_record(rec, self.from_unix)

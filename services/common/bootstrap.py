@@ -111,10 +111,6 @@ class RunningService:
     def address(self) -> str:
         return f"{self.settings.host}:{self.port}"
 
-    async def _set_all(self, status: int) -> None:
-        for svc in ("", *self.app.grpc_service_names):
-            await self.health.set(svc, status)
-
     async def _watch_health(self) -> None:
         """SERVING while Redis answers (and the app's optional ``ready()`` agrees).
 

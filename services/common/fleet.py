@@ -211,6 +211,13 @@ def demand_field(tenant: str, router_id: str) -> str:
     return f"{tenant}@{router_id}"
 
 
+def epoch_counts(epoch: str, fleet: frozenset[str], live: str | bytes | None) -> bool:
+    """Whether a record written under ``epoch`` is read: in a router fleet (``fleet``, the live
+    routers' epochs) any live router's; else the sole writer's live epoch (any while none is
+    known)."""
+    return epoch in fleet if fleet else live is None or epoch == live
+
+
 def merge_demand(records: Iterable[TenantDemandRecord]) -> list[TenantDemandRecord]:
     """One record per tenant: waiting and in-flight summed over the routers that reported it,
     the worst p99 and the freshest report time (epoch and revision of the first one seen)."""

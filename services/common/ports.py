@@ -7,7 +7,7 @@ probe socket and the child binding the port, any outgoing connection on the
 machine (a Redis client, an HTTP request to a replica) may take it, and the
 child then fails with "address already in use". Drawing at random from below
 the ephemeral range removes that race; only another process that binds fixed
-ports there can still collide, and ``check`` catches those before returning.
+ports there can still collide, and a bind probe catches those before returning.
 """
 
 from __future__ import annotations
@@ -57,3 +57,16 @@ def free_port(host: str = "127.0.0.1") -> int:
             _handed_out.add(port)
             return port
     raise RuntimeError(f"no free port in {low}-{high} on {host}")
+
+
+def free_port_pair(offset: int = 10000, host: str = "127.0.0.1") -> int:
+    """A port like ``free_port`` whose ``port + offset`` is free and below the ephemeral range
+    too (a Redis Cluster node listens on both: its cluster bus is the port + 10000)."""
+    with _lock:
+        for _ in range(2000):
+            port = _rng.randint(_LOW, _HIGH - offset)
+            if {port, port + offset} & _handed_out or not (_bindable(port, host) and _bindable(port + offset, host)):
+                continue
+            _handed_out.update((port, port + offset))
+            return port
+    raise RuntimeError(f"no free port pair {offset} apart in {_LOW}-{_HIGH} on {host}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import shutil
 import signal
 import socket
@@ -20,7 +19,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.bootstrap import RunningService, ServiceApp, start_service
-from services.common.ports import free_port
+from services.common.ports import free_port, free_port_pair
 from services.common.settings import ServiceSettings
 
 
@@ -143,21 +142,6 @@ def _poll(check: Callable[[], bool], timeout_s: float, what: str) -> None:
     raise RuntimeError(f"not within {timeout_s} s: {what}")
 
 
-def free_cluster_port() -> int:
-    """A free port whose cluster-bus port (+10000) is free too, as Redis Cluster needs (<= 55535)."""
-    rng = random.Random()
-    for _ in range(500):
-        port = rng.randrange(20000, 55000)
-        try:
-            for candidate in (port, port + 10000):
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                    s.bind(("127.0.0.1", candidate))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free port pair for a Redis Cluster node")
-
-
 class RedisClusterProcs:
     """A Redis Cluster of ``masters`` redis-server processes on loopback, each with ``replicas``
     replicas (default none; with one, a killed master is failed over to its replica after
@@ -169,7 +153,7 @@ class RedisClusterProcs:
                  node_timeout_ms: int = 2000) -> None:
         self.cli = cli
         self.replicas = replicas
-        self.nodes = [RedisServer(binary, port=free_cluster_port(), extra_args=["--cluster-enabled", "yes", "--cluster-config-file",
+        self.nodes = [RedisServer(binary, port=free_port_pair(), extra_args=["--cluster-enabled", "yes", "--cluster-config-file",
                                                       "nodes.conf", "--cluster-node-timeout", str(node_timeout_ms)])
                       for _ in range(masters * (1 + replicas))]
 

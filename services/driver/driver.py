@@ -232,7 +232,7 @@ class TraceDriver:
             wait_s=None if out.headers_s is None else out.headers_s * scale,
         )
         retry_after = None
-        if out.status == 503 and not out.ok:
+        if out.status == 503:
             retry_after = float(out.headers.get("Retry-After", "1") or 1)
         return result, retry_after
 

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import redis.asyncio as aioredis
-from pydantic import BaseModel
 
 from services.common import keys
-from services.common.fleet import LIVE_EPOCHS, merge_demand
+from services.common.fleet import LIVE_EPOCHS, epoch_counts, merge_demand
 from services.common.records import (
     AllocationRecord,
     PredictionRecord,
+    Record,
     RecordError,
     ReplicaRecord,
     SessionRecord,
@@ -33,7 +33,7 @@ from services.planner.convert import snapshot_from_records
 from services.planner.core.model import Snapshot
 from services.planner.settings import Settings
 
-R = TypeVar("R", bound=BaseModel)
+R = TypeVar("R", bound=Record)
 
 
 @dataclass(frozen=True)
@@ -83,11 +83,7 @@ class SnapshotSource:
                 except RecordError:
                     skipped += 1
                     continue
-                if fleet and router:
-                    if getattr(rec, "epoch", "") not in fleet:
-                        skipped += 1
-                        continue
-                elif live is not None and getattr(rec, "epoch", live) != live:
+                if not epoch_counts(rec.epoch, fleet if router else frozenset(), live):
                     skipped += 1
                     continue
                 out.append(rec)

@@ -351,7 +351,7 @@ class TaoPolicy:
             admitted = [s for s in snapshot.sessions if s.admitted and s.id not in paused_ids]
             busy, total = replica_load(admitted, col, len(replicas))
             choice = spread(choice, values, eligible, free, busy, total)
-        if (cfg.reclaim or cfg.ttl or cfg.hold_cost) and len(choice) > len(ids):
+        if len(choice) > len(ids):  # _reclaim's rows of reclaimed incumbents: not assignments
             values = Values(values.credit[: len(ids)], values.ready[: len(ids)], values.footprint[: len(ids)])
             choice = choice[: len(ids)]
         assignments = tuple(
