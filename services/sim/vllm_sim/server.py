@@ -40,6 +40,7 @@ from services.sim.vllm_sim.protocol import (
     ApiError,
     GenRequest,
     _model,
+    _validation,
     bad_request,
     chat_chunk,
     chat_response,
@@ -263,18 +264,16 @@ class SimServer:
             messages, tools = body.get("messages"), body.get("tools")
             if not isinstance(messages, list) or not all(
                     isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
-                raise bad_request("1 validation error for TokenizeChatRequest\nmessages\n  Input should be a "
-                                  "list of messages with a string 'role'", "messages")
+                raise _validation("TokenizeChatRequest", "messages",
+                                  "Input should be a list of messages with a string 'role'")
             if tools is not None and not isinstance(tools, list):
-                raise bad_request("1 validation error for TokenizeChatRequest\ntools\n  Input should be a valid "
-                                  "list", "tools")
+                raise _validation("TokenizeChatRequest", "tools", "Input should be a valid list")
             generation = body.get("add_generation_prompt", True)
             ids = apply_chat_template(messages, tools, generation is not False)
         elif isinstance(body.get("prompt"), str):
             ids = encode(body["prompt"])
         else:
-            raise bad_request("1 validation error for TokenizeCompletionRequest\nprompt\n  Field required",
-                              "prompt")
+            raise _validation("TokenizeCompletionRequest", "prompt", "Field required")
         return _json_response({"count": len(ids), "max_model_len": self.engine.max_model_len, "tokens": ids})
 
     # ---------------------------------------------------------------- render
@@ -357,7 +356,7 @@ class SimServer:
         u = usage(stream.prompt_tokens, fin.output_tokens, fin.cached_tokens, drop_none=False)
         build = chat_response if req.kind == "chat" else completion_response
         out = build(stream.request_id, int(time.time()), req.model, text,
-                    "tool_calls" if tool is not None and fin.finish_reason == "stop" else fin.finish_reason, u)
+                    _api_reason(fin.finish_reason, tool), u)
         if tool is not None:
             out["choices"][0]["message"].update(content=None, tool_calls=[tool.message(text)])
         return _json_response(out)
