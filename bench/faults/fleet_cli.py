@@ -55,7 +55,7 @@ def _row(res: ScenarioResult) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.faults.fleet_env import FleetConfig, FleetEnv, router_fleet_available
+    from bench.faults.fleet_env import FleetConfig, FleetEnv
     from bench.faults.scenarios_fleet import FLEET_SCENARIOS
 
     names = [n.strip() for n in (args.scenarios or ",".join(FLEET_NAMES)).split(",") if n.strip()]
@@ -73,9 +73,7 @@ def run(args: argparse.Namespace) -> int:
     env = FleetEnv(cfg)
     print(f"tao check faults --fleet — {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"time scale {args.time_scale:g}")
-    mode = ("fleet mode" if env.router_fleet else
-            "NOT in fleet mode (" + ("--no-router-fleet" if router_fleet_available() else
-                                     "this router has no fleet settings") + ")")
+    mode = "fleet mode" if env.router_fleet else "NOT in fleet mode (--no-router-fleet)"
     print(f"starting: Redis Cluster (3 masters + 3 replicas), {cfg.routers} routers ({mode}), {cfg.planners} planners, "
           f"{cfg.budgets} budget services, predictor, {cfg.replicas} emulated replicas ...", flush=True)
     results: list[ScenarioResult] = []

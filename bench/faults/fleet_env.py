@@ -31,12 +31,13 @@ from urllib.parse import urlparse
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.faults.env import EnvConfig
 from bench.faults.tap import ReplicaTap, TapLog
 from services.common import keys
 from services.common.ports import free_port
 from services.common.testing import RedisClusterProcs, RedisServer, find_redis_binary, redis_cli_binary
 from services.up.procs import Child, tao_argv
-from services.up.stack import LEADER_SERVICE_NAMES, Stack, StackConfig, http_ok
+from services.up.stack import LEADER_SERVICE_NAMES, Stack, StackConfig, grpc_serving, http_ok
 from tao.budget.v1 import budget_pb2, budget_pb2_grpc
 from tao.router.v1 import router_pb2, router_pb2_grpc
 
@@ -44,13 +45,6 @@ MODEL = "Qwen/Qwen3-32B"
 #: the slot every TAO key lives in (``{tao}`` hash tag, services/common/keys.py)
 TAO_SLOT_KEY = keys.PREFIX
 T = TypeVar("T")
-
-
-def router_fleet_available() -> bool:
-    """True when this checkout's router has the fleet settings (multi-router session ownership)."""
-    from services.router.settings import Settings
-
-    return all(name in Settings.model_fields for name in ("fleet", "router_id", "advertise_url", "member_ttl_s"))
 
 
 @dataclass
@@ -71,22 +65,12 @@ class FleetConfig:
     #: is elected); 2 s as the ``redis_cluster`` fixture (shorter risks false failovers on a
     #: loaded 2-core machine)
     node_timeout_ms: int = 2000
-    #: run routers in fleet mode when the router supports it (False: independent routers)
+    #: run routers in fleet mode (False: independent routers)
     router_fleet: bool = True
     log_dir: Path | None = None
-    #: service settings for fast, bounded recovery (bench.faults.env.EnvConfig's, see there)
-    env: dict[str, str] = field(default_factory=lambda: {
-        "TAO_ROUTER_HEALTH_INTERVAL_S": "0.25",
-        "TAO_ROUTER_PROBE_TIMEOUT_S": "0.5",
-        "TAO_ROUTER_RESYNC_INTERVAL_S": "0.5",
-        "TAO_ROUTER_PLAN_POLL_S": "0.25",
-        "TAO_ROUTER_UPSTREAM_READ_TIMEOUT_S": "3",
-        "TAO_ROUTER_UPSTREAM_CONNECT_TIMEOUT_S": "1",
-        "TAO_ROUTER_REDIS_TIMEOUT_S": "1",
-        "TAO_PLANNER_REDIS_TIMEOUT_S": "1",
-        "TAO_PREDICTOR_REDIS_TIMEOUT_S": "1",
-        "TAO_BUDGET_REDIS_TIMEOUT_S": "1",
-    })
+    #: service settings for fast, bounded recovery: bench.faults.env.EnvConfig's (its lease TTLs
+    #: are replaced by ``lease_ttl_s``)
+    env: dict[str, str] = field(default_factory=lambda: EnvConfig().env)
 
 
 class FleetEnv:
@@ -103,7 +87,7 @@ class FleetEnv:
         if cfg.log_dir is not None:
             stack_cfg.log_dir = cfg.log_dir
         self.stack = Stack(stack_cfg)
-        self.router_fleet = cfg.router_fleet and router_fleet_available()
+        self.router_fleet = cfg.router_fleet
         self.cluster: RedisClusterProcs | None = None
         self.tap_log = TapLog()
         self.taps: list[ReplicaTap] = []
@@ -173,10 +157,7 @@ class FleetEnv:
             children[name] = self._spawn(name, routed)
         self.stack.wait_replicas(timeout_s)
         for name, child in children.items():
-            self.stack.sup.wait_until(child, partial(_serving, self.address(name)), timeout_s, "SERVING")
-            if name in self.http_ports:
-                url = f"http://127.0.0.1:{self.http_ports[name]}/health"
-                self.stack.sup.wait_until(child, partial(http_ok, url), timeout_s, "answering HTTP")
+            self._wait_up(name, child, timeout_s)
         self.run(self._configure_budget(timeout_s))
 
     def _spawn(self, name: str, routed: list[str]) -> Child:
@@ -240,14 +221,18 @@ class FleetEnv:
             self._killed_at[name] = time.monotonic()
         self.stack.sup.send_signal(name, signal.SIGKILL)
 
-    def restart(self, name: str, timeout_s: float = 30.0) -> None:
-        """Start service ``name`` again on its ports; waits until its server answers SERVING (a
-        standby planner or budget is SERVING on the server, NOT_SERVING on its service name)."""
-        child = self.stack.sup.respawn(name)
-        self.stack.sup.wait_until(child, partial(_serving, self.address(name)), timeout_s, "SERVING")
+    def _wait_up(self, name: str, child: Child, timeout_s: float) -> None:
+        """Until the server answers SERVING (on the server as a whole: a standby is NOT_SERVING on
+        its service name) and a router's HTTP gateway answers too."""
+        self.stack.sup.wait_until(child, partial(grpc_serving, self.address(name)), timeout_s, "SERVING")
         if name in self.http_ports:
             url = f"http://127.0.0.1:{self.http_ports[name]}/health"
             self.stack.sup.wait_until(child, partial(http_ok, url), timeout_s, "answering HTTP")
+
+    def restart(self, name: str, timeout_s: float = 30.0) -> None:
+        """Start service ``name`` again on its ports; waits until its server answers SERVING (a
+        standby planner or budget is SERVING on the server, NOT_SERVING on its service name)."""
+        self._wait_up(name, self.stack.sup.respawn(name), timeout_s)
         if name in self._killed_at:
             self.router_down.setdefault(name, []).append((self._killed_at.pop(name), time.monotonic()))
 
@@ -375,11 +360,3 @@ class FleetEnv:
                 pass
         return out
 
-
-def _serving(address: str) -> bool:
-    try:
-        with grpc.insecure_channel(address) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
-    except grpc.RpcError:
-        return False

@@ -62,8 +62,14 @@ def _cluster_client(env: FleetEnv) -> RedisCluster:
                         decode_responses=True, socket_timeout=2, socket_connect_timeout=2)
 
 
-def redis_call(env: FleetEnv, fn: Callable[[RedisCluster], Any]) -> Any:
-    """``fn(client)`` on a fresh cluster client; None when the cluster does not answer."""
+async def redis_call(env: FleetEnv, fn: Callable[[RedisCluster], Any]) -> Any:
+    """``fn(client)`` on a fresh cluster client, in a thread (the agent load runs on this event
+    loop, and a cluster call waits up to its socket timeouts during a failover); None when the
+    cluster does not answer."""
+    return await asyncio.to_thread(_redis_call, env, fn)
+
+
+def _redis_call(env: FleetEnv, fn: Callable[[RedisCluster], Any]) -> Any:
     try:
         client = _cluster_client(env)
     except (redis_sync.RedisError, OSError):
@@ -76,8 +82,8 @@ def redis_call(env: FleetEnv, fn: Callable[[RedisCluster], Any]) -> Any:
         client.close()
 
 
-def plan_stamp(env: FleetEnv) -> tuple[str, int] | None:
-    raw = redis_call(env, lambda c: c.get(keys.PLAN))
+async def plan_stamp(env: FleetEnv) -> tuple[str, int] | None:
+    raw = await redis_call(env, lambda c: c.get(keys.PLAN))
     if not raw:
         return None
     rec = json.loads(raw)
@@ -179,25 +185,24 @@ async def server_leftovers(env: FleetEnv, res: ScenarioResult, load: LoadResult,
     ``SESSION_OWNERS`` too) once the routers have had ``timeout_s`` to flush."""
     ours = {a.session for a in load.attempts}
     families = [keys.SESSIONS]
-    owners = getattr(keys, "SESSION_OWNERS", None)
-    if env.router_fleet and owners:
-        families.append(owners)
+    if env.router_fleet:
+        families.append(keys.SESSION_OWNERS)
 
-    def left() -> set[str] | None:
+    async def left() -> set[str] | None:
         found: set[str] = set()
         for family in families:
-            names = redis_call(env, partial(_hkeys, family))
+            names = await redis_call(env, partial(_hkeys, family))
             if names is None:
                 return None
             found |= ours & set(names)
         return found
 
     async def clean() -> bool:
-        got = left()
+        got = await left()
         return got is not None and not got
 
     await until(clean, timeout_s, 0.25)
-    remaining = left()
+    remaining = await left()
     stuck_server = sorted(remaining) if remaining is not None else ["(Redis did not answer)"]
     res.stuck = len(load.unfinished) + len(stuck_server)
     res.check("no released session left recorded by a router", not stuck_server,
@@ -276,21 +281,18 @@ async def kill_planner(env: FleetEnv, spread: str = "hash", agents: int = 6, tur
         return _finish(res, started)
     assert leader is not None
     async with flowing(env, res, "fplan", spread=spread, agents=agents, turns=turns) as load:
-        before = plan_stamp(env)
+        before = await plan_stamp(env)
         res.check("a plan was published before the kill", before is not None, before)
         t0 = kill(env, res, leader)
         new = await standby_leads(env, res, "planner", leader, t0, "the standby planner takes the lease")
 
-        def new_epoch() -> bool:
-            stamp = plan_stamp(env)
-            return stamp is not None and before is not None and stamp[0] != before[0]
-
         async def published() -> bool:
-            return new_epoch()
+            stamp = await plan_stamp(env)
+            return stamp is not None and before is not None and stamp[0] != before[0]
 
         if res.check("the new leader publishes plans of a new epoch", await until(published, TAKEOVER_TIMEOUT_S)):
             res.recovery_s["plan_published"] = time.monotonic() - t0
-        now_stamp = plan_stamp(env)
+        now_stamp = await plan_stamp(env)
 
         async def routers_applied() -> bool:
             applied = await env.applied_plans()
@@ -322,7 +324,7 @@ async def kill_planner(env: FleetEnv, spread: str = "hash", agents: int = 6, tur
 async def _forged_old_epoch_plan(env: FleetEnv, res: ScenarioResult, old_epoch: str, new_epoch: str) -> None:
     """A late plan of the deposed leader's epoch (higher revision) reaching Redis and every
     router: no router applies it."""
-    raw = redis_call(env, lambda c: c.get(keys.PLAN))
+    raw = await redis_call(env, lambda c: c.get(keys.PLAN))
     if not raw:
         return
     forged = dict(json.loads(raw), epoch=old_epoch, rev=10**9,
@@ -332,7 +334,7 @@ async def _forged_old_epoch_plan(env: FleetEnv, res: ScenarioResult, old_epoch: 
         c.set(keys.PLAN, body)
         c.publish(keys.PLAN_CHANNEL, body)
 
-    redis_call(env, write)
+    await redis_call(env, write)
     await asyncio.sleep(1.0)  # the routers' feeds read it (pub/sub, or their next poll)
     applied = await env.applied_plans()
     wrong = {r: v for r, v in applied.items() if v is not None and v[0] == old_epoch}
@@ -391,7 +393,7 @@ async def kill_redis_master(env: FleetEnv, spread: str = "hash", agents: int = 6
     res = ScenarioResult("kill_redis_master")
     started = time.monotonic()
     async with flowing(env, res, "fredis", spread=spread, agents=agents, turns=turns) as load:
-        before = plan_stamp(env)
+        before = await plan_stamp(env)
         res.check("a plan was published before the kill", before is not None, before)
         dead = env.kill_redis_master()
         res.faults += 1
@@ -407,13 +409,13 @@ async def kill_redis_master(env: FleetEnv, spread: str = "hash", agents: int = 6
             res.check("a replica is promoted", promoted.port != dead.port, promoted.port)
 
         async def plans_flow() -> bool:
-            stamp = plan_stamp(env)
+            stamp = await plan_stamp(env)
             return stamp is not None and before is not None and stamp != before
 
         if res.check("plans are published through the new master", await until(plans_flow, TAKEOVER_TIMEOUT_S,
                                                                               0.25)):
             res.recovery_s["plan_published"] = time.monotonic() - t0
-        now_stamp = plan_stamp(env)
+        now_stamp = await plan_stamp(env)
 
         async def routers_applied() -> bool:
             applied = await env.applied_plans()
@@ -509,19 +511,12 @@ async def kill_router(env: FleetEnv, spread: str = "hash", agents: int = 6, turn
 
 
 async def _member_expired(env: FleetEnv, res: ScenarioResult, victim: str, t0: float) -> None:
-    alive_key = getattr(keys, "ROUTER_ALIVE", None)
-    if alive_key is None:
-        return
-
-    def expired() -> bool:
-        def check(c: RedisCluster) -> bool:
-            score = c.zscore(alive_key, victim)  # a deadline in ms of Redis TIME: this machine's clock
-            return score is None or float(score) < time.time() * 1000
-
-        return bool(redis_call(env, check))
+    def check(c: RedisCluster) -> bool:
+        score = c.zscore(keys.ROUTER_ALIVE, victim)  # a deadline in ms of Redis TIME: this machine's clock
+        return score is None or float(score) < time.time() * 1000
 
     async def gone() -> bool:
-        return expired()
+        return bool(await redis_call(env, check))
 
     if res.check("the dead router's member lease expires", await until(gone, TAKEOVER_TIMEOUT_S, 0.25)):
         res.recovery_s["member_expired"] = time.monotonic() - t0

@@ -67,7 +67,7 @@ class StackAddresses:
 LEADER_SERVICE_NAMES = {"planner": "tao.planner.v1.PlannerService", "budget": "tao.budget.v1.BudgetService"}
 
 
-def _grpc_serving(address: str, service: str = "") -> bool:
+def grpc_serving(address: str, service: str = "") -> bool:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -222,7 +222,7 @@ class Stack:
             router_extra += ["--replica", url]
         children["router"] = self._service("router", ports["router"], urls["router"], *router_extra)
         for name, child in children.items():
-            self.sup.wait_until(child, partial(_grpc_serving, f"127.0.0.1:{ports[name]}",
+            self.sup.wait_until(child, partial(grpc_serving, f"127.0.0.1:{ports[name]}",
                                                LEADER_SERVICE_NAMES.get(name, "")), 30, "SERVING")
         self.sup.wait_until(children["router"], lambda: http_ok(f"http://127.0.0.1:{http_port}/health"), 30,
                             "answering HTTP")
@@ -261,7 +261,7 @@ class Stack:
         else:
             address = f"127.0.0.1:{self.ports[name]}"
             leader_name = LEADER_SERVICE_NAMES.get(name, "")
-            self.sup.wait_until(child, lambda: _grpc_serving(address, leader_name), timeout_s, "SERVING")
+            self.sup.wait_until(child, lambda: grpc_serving(address, leader_name), timeout_s, "SERVING")
             if name == "router":
                 url = f"http://127.0.0.1:{self.ports['router_http']}/health"
                 self.sup.wait_until(child, lambda: http_ok(url), timeout_s, "answering HTTP")
