@@ -462,7 +462,7 @@ async def kill_router(env: FleetEnv, spread: str = "hash", agents: int = 6, turn
     victim = env.routers[0]
     victim_url = env.router_urls[0]
     if not env.router_fleet:
-        res.notes.append("routers run WITHOUT fleet mode (this router has no fleet settings): independent "
+        res.notes.append("routers run WITHOUT fleet mode (--no-router-fleet): independent "
                          "routers on one Redis; the dead router's sessions continue on another router from "
                          "scratch")
     async with flowing(env, res, "frout", spread=spread, agents=agents, turns=turns) as load:
