@@ -57,6 +57,7 @@ from services.common.errors import InvalidArgument, NotFound, Unavailable
 from services.common.fleet import LIVE_EPOCHS, epoch_counts, merge_demand
 from services.common.lease import RedisLease
 from services.common.records import BudgetConfigRecord, RecordError, ReplicaRecord, TenantDemandRecord, load
+from services.common.redis_client import transaction
 from tao.budget.v1 import budget_pb2, budget_pb2_grpc
 
 
@@ -186,10 +187,15 @@ class BudgetService:
         seen: dict[str, TenantObservation] = {}
         kv: float | None = None
         try:
-            live = await self.redis.get(keys.epoch_key("router"))
-            raw_demand = await self.redis.hgetall(keys.DEMAND)
-            fleet = frozenset(await self.redis.eval(LIVE_EPOCHS, 2, keys.ROUTER_ALIVE, keys.ROUTER_EPOCHS) or ())
-            raw_replicas = await self.redis.hgetall(keys.REPLICAS)
+            # one MULTI/EXEC (Cluster-safe, every key in the {tao} slot): the demand records are
+            # fenced by the router epochs of the same instant
+            pipe = await transaction(self.redis)
+            pipe.get(keys.epoch_key("router"))
+            pipe.hgetall(keys.DEMAND)
+            pipe.eval(LIVE_EPOCHS, 2, keys.ROUTER_ALIVE, keys.ROUTER_EPOCHS)
+            pipe.hgetall(keys.REPLICAS)
+            live, raw_demand, fleet_epochs, raw_replicas = await pipe.execute()
+            fleet = frozenset(fleet_epochs or ())
         except (RedisError, OSError) as exc:
             self.metrics.redis_errors.inc()
             self.log.warning("demand unreadable", error=str(exc).splitlines()[0])
