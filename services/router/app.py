@@ -237,7 +237,7 @@ class Gateway:
             return parsed
         urls = [e.url for e in self.rt.registry.entries.values()
                 if parsed.model in e.models and e.view().healthy and not e.draining]
-        n = await self.counter.count(parsed.upstream_body, chat, parsed.model, urls, self.rt.upstream_headers)
+        n = await self.counter.count(parsed.upstream_body, chat, urls, self.rt.upstream_headers)
         if n is None:
             return parsed
         return dataclasses.replace(parsed, prompt_tokens_estimate=n, prompt_tokens_exact=True)

@@ -47,6 +47,7 @@ from services.common.kv_events import (
 from services.common.vocabulary import DEFAULT_BLOCK_SIZE
 from services.router.core.kv_index import KVBlockIndex, PrefixTracker, block_digests
 from services.router.core.state import RouterCore
+from services.router.prompt_length import tokenize_request
 
 MAX_PROMPTS = 100_000  # sessions whose prompt digests are kept (sessions that end are dropped sooner)
 
@@ -251,10 +252,10 @@ class KvCredit:
             return None
         status, data = await self._post_json(f"{base}{path}/render", body)
         if status in (404, 405):
-            tok = _tokenize_body(path, body)
+            tok = tokenize_request(body, path.endswith("/chat/completions"))
             if tok is None:
                 return None
-            status, data = await self._post_json(f"{base}/tokenize", tok)
+            status, data = await self._post_json(f"{base}/tokenize", orjson.dumps(tok))
             data = {"token_ids": data.get("tokens")} if isinstance(data, dict) else None
         if status != 200:
             return None
@@ -306,23 +307,6 @@ class KvCredit:
                 if core.observe_kv_residency(now, sid, rid, tokens):
                     changed += 1
         return changed
-
-
-_TOKENIZE_CHAT_KEYS = ("model", "messages", "tools", "add_generation_prompt", "continue_final_message",
-                       "chat_template", "chat_template_kwargs")
-
-
-def _tokenize_body(path: str, body: bytes) -> bytes | None:
-    """vLLM's ``TokenizeChatRequest`` / ``TokenizeCompletionRequest`` for a chat or completion body."""
-    try:
-        req = orjson.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(req, dict):
-        return None
-    keys = _TOKENIZE_CHAT_KEYS if path.endswith("/chat/completions") else ("model", "prompt")
-    out = {k: req[k] for k in keys if k in req}
-    return orjson.dumps(out) if len(out) >= 2 else None
 
 
 class KvEventsCollector(Collector):

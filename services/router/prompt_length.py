@@ -39,6 +39,31 @@ CHAT_TEMPLATE_FIELDS = ("tools", "add_generation_prompt", "continue_final_messag
 NO_ENDPOINT = frozenset({404, 405, 501})
 
 
+def tokenize_request(body: bytes, chat: bool) -> dict[str, Any] | None:
+    """vLLM's ``TokenizeChatRequest`` / ``TokenizeCompletionRequest`` (vllm-project/vllm,
+    vllm/entrypoints/openai/protocol.py) for a chat or completion request body: its model and
+    messages with the fields that change the rendered prompt, or its model and prompt; None for
+    a body that is not a JSON object, a chat without messages, or a batch of prompts (vLLM's
+    ``TokenizeCompletionRequest.prompt`` is one string)."""
+    try:
+        req = orjson.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(req, dict):
+        return None
+    if chat:
+        if not isinstance(req.get("messages"), list):
+            return None
+        ask: dict[str, Any] = {"model": req.get("model"), "messages": req["messages"], "add_generation_prompt": True}
+        for key in CHAT_TEMPLATE_FIELDS:  # they change the rendered prompt: the count and the ids see them
+            if req.get(key) is not None:
+                ask[key] = req[key]
+        return ask
+    if isinstance(req.get("prompt"), str):
+        return {"model": req.get("model"), "prompt": req["prompt"]}
+    return None
+
+
 class PromptCounter:
     """See the module doc. ``mode``: ``tokenize`` (local tokenizer if configured, else the
     replica), ``local`` (the local tokenizer only) or ``estimate`` (never count)."""
@@ -81,25 +106,15 @@ class PromptCounter:
         """Use ``tokenizer`` (an object with Hugging Face's ``apply_chat_template`` / ``encode``)."""
         self._local = tokenizer
 
-    async def count(self, upstream_body: bytes, chat: bool, model: str, replica_urls: list[str],
+    async def count(self, upstream_body: bytes, chat: bool, replica_urls: list[str],
                     headers: dict[str, str] | None = None) -> int | None:
         """The exact prompt tokens of a request, or None (then the caller's estimate stands).
-        ``replica_urls``: healthy replicas serving ``model``, in preference order; ``headers``:
+        ``replica_urls``: healthy replicas serving its model, in preference order; ``headers``:
         the router's upstream headers (its ``upstream_api_key``, never the client's)."""
         if self.mode == "estimate":
             return None
-        try:
-            body = orjson.loads(upstream_body)
-        except ValueError:
-            return None
-        if chat:
-            ask: dict[str, Any] = {"model": model, "messages": body.get("messages"), "add_generation_prompt": True}
-            for key in CHAT_TEMPLATE_FIELDS:  # they change the rendered prompt: the count must see them
-                if body.get(key) is not None:
-                    ask[key] = body[key]
-        elif isinstance(body.get("prompt"), str):
-            ask = {"model": model, "prompt": body["prompt"]}
-        else:
+        ask = tokenize_request(upstream_body, chat)
+        if ask is None:
             return None  # a batch of prompts: the longest one's estimate stands
         if self._local is not None:
             n = await self._count_local(ask)

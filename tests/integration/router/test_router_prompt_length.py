@@ -131,17 +131,17 @@ async def test_missing_or_slow_tokenize_keeps_the_estimate(odd_replicas: tuple[s
     await counter.start()
     try:
         body = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
-        assert await counter.count(body, True, "m", [missing]) is None
+        assert await counter.count(body, True, [missing]) is None
         assert missing in counter._no_endpoint
         t0 = time.perf_counter()
-        assert await counter.count(body, True, "m", [slow]) is None
+        assert await counter.count(body, True, [slow]) is None
         assert time.perf_counter() - t0 < 1.0  # bounded by the timeout, not the replica
         assert counter.sources["estimate"]._value.get() == 2
-        assert await counter.count(body, True, "m", [keyed]) is None  # 401 without the router's key
-        assert await counter.count(body, True, "m", [keyed], {"Authorization": "Bearer k"}) == 5
+        assert await counter.count(body, True, [keyed]) is None  # 401 without the router's key
+        assert await counter.count(body, True, [keyed], {"Authorization": "Bearer k"}) == 5
         templated = (b'{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}],'
                      b'"chat_template_kwargs":{"enable_thinking":false}}')
-        assert await counter.count(templated, True, "m", [keyed], {"Authorization": "Bearer k"}) == 6
+        assert await counter.count(templated, True, [keyed], {"Authorization": "Bearer k"}) == 6
 
         class Local:  # a tokenizer object as transformers gives one
             def apply_chat_template(self, messages: list[dict[str, str]], **kw: object) -> list[int]:
@@ -151,8 +151,8 @@ async def test_missing_or_slow_tokenize_keeps_the_estimate(odd_replicas: tuple[s
                 return [0] * len(text.split())
 
         counter.set_local(Local())
-        assert await counter.count(body, True, "m", [missing]) == 7
-        assert await counter.count(b'{"model":"m","prompt":"a b c"}', False, "m", []) == 3
+        assert await counter.count(body, True, [missing]) == 7
+        assert await counter.count(b'{"model":"m","prompt":"a b c"}', False, []) == 3
         assert counter.sources["local"]._value.get() == 2
     finally:
         await counter.close()

@@ -15,6 +15,7 @@ from services.router.core.cache import observe_usage
 from services.router.core.footprint import observe_request
 from services.router.core.model import TokenStats, Usage
 from services.router.core.readiness import PredictionView, is_ready
+from services.router.prompt_length import tokenize_request
 from services.router.proxy import parse_usage, take_usage
 from services.router.replicas import check_url, parse_replica_spec, parse_vllm_metrics
 from services.router.validation import RequestError, check_context, parse_request
@@ -92,6 +93,18 @@ def test_context_length_is_judged_only_on_exact_prompt_lengths() -> None:
         with pytest.raises(RequestError) as info:
             check_context(parsed(extra), 2048)
         assert info.value.status == 400 and info.value.code == "context_length_exceeded"
+
+
+def test_tokenize_request_carries_what_changes_the_rendered_prompt() -> None:
+    chat = {**CHAT, "tools": [{"type": "function"}], "add_special_tokens": True, "continue_final_message": None,
+            "max_tokens": 5, "stream": True}
+    assert tokenize_request(json.dumps(chat).encode(), True) == {
+        "model": "m", "messages": CHAT["messages"], "add_generation_prompt": True, "tools": [{"type": "function"}],
+        "add_special_tokens": True}
+    assert tokenize_request(b'{"model":"m","prompt":"a b","max_tokens":3}', False) == {"model": "m", "prompt": "a b"}
+    for body, is_chat in ((b'{"model":"m","prompt":["a","b"]}', False), (b'{"model":"m"}', True),
+                          (b"[1]", True), (b"not json", False)):
+        assert tokenize_request(body, is_chat) is None
 
 
 def test_api_keys_are_hashed_and_matched(tmp_path: Path) -> None:
