@@ -8,10 +8,10 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 from bench.peers.core import System, router_argv
+from services.up.stack import http_ok
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -48,8 +48,7 @@ class Proc:
         deadline = time.monotonic() + timeout_s
         if ready_url is not None:
             self.url = ready_url.rsplit("/", 1)[0]
-            threading.Thread(target=_poll_ready, args=(ready_url, found, deadline), daemon=True).start()
-        while not found.wait(0.1):
+        while not found.wait(0.1) and not (ready_url is not None and http_ok(ready_url)):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"{args[3:5]} did not start:\n" + "\n".join(self.tail))
@@ -66,18 +65,6 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
-
-
-def _poll_ready(url: str, found: threading.Event, deadline: float) -> None:
-    while not found.is_set() and time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    found.set()
-                    return
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.2)
 
 
 def start_vllm_router(bin_dir: str, replica_url: str, system: System, port: int, metrics_port: int) -> Proc:
