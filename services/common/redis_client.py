@@ -15,12 +15,13 @@ server, a Sentinel-managed master, or a Redis Cluster (docs/architecture.md#redi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import AbstractConnection, Connection
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
@@ -122,11 +123,63 @@ def make_redis(settings: ServiceSettings) -> aioredis.Redis:
         if settings.redis_sentinel_password is not None:
             sentinel_kwargs["password"] = settings.redis_sentinel_password.get_secret_value()
         sentinel = Sentinel(list(target.nodes), sentinel_kwargs=sentinel_kwargs, **kwargs)  # type: ignore[no-untyped-call]
-        return cast(aioredis.Redis, sentinel.master_for(target.service_name, db=target.db))
-    if target.kind == "cluster":
+        client = cast(aioredis.Redis, sentinel.master_for(target.service_name, db=target.db))
+    elif target.kind == "cluster":
         cluster = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in target.nodes], **kwargs)  # type: ignore[arg-type]
+        # RedisCluster picks its connection class itself (no parameter): every node it creates
+        # later is built from the manager's connection kwargs, the seeds already exist
+        manager = cluster.nodes_manager
+        manager.connection_kwargs["connection_class"] = loop_neutral(
+            manager.connection_kwargs.get("connection_class", Connection))
+        for node in manager.startup_nodes.values():
+            node.connection_class = loop_neutral(node.connection_class)
         return cast(aioredis.Redis, cluster)
-    return aioredis.Redis.from_url(settings.redis_url, **kwargs)  # type: ignore[arg-type]
+    else:
+        client = aioredis.Redis.from_url(settings.redis_url, **kwargs)  # type: ignore[arg-type]
+    pool = client.connection_pool
+    pool.connection_class = loop_neutral(pool.connection_class)
+    return client
+
+
+class _ClosedTransportAsConnectionError:
+    """A Redis connection that raises, on uvloop, what it raises on asyncio's loop.
+
+    When the peer resets a connection, uvloop's transport raises ``RuntimeError("unable to
+    perform operation on <TCPTransport closed=True ...>; the handler is closed")`` where
+    asyncio's raises ``ConnectionError``/``OSError``. redis-py drops the connection either way,
+    but passes a RuntimeError on unchanged: outside its retry policy (which would reconnect)
+    and outside every ``except (RedisError, OSError)`` of the services, so a health or lease loop
+    died of it and a stack on uvloop lost requests after a Redis reset (the fault suite's
+    ``proxy_redis``). Only errors about a closed transport or loop are translated."""
+
+    async def send_packed_command(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            await super().send_packed_command(*args, **kwargs)  # type: ignore[misc]
+        except RuntimeError as exc:
+            if "closed" not in str(exc):
+                raise
+            raise RedisConnectionError(f"Error while writing to Redis: {exc}") from exc
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)  # type: ignore[misc]
+        except RuntimeError as exc:
+            if "closed" not in str(exc):
+                raise
+            raise RedisConnectionError(f"Error while reading from Redis: {exc}") from exc
+
+
+_LOOP_NEUTRAL: dict[type, type] = {}
+C = TypeVar("C", bound=AbstractConnection)
+
+
+def loop_neutral(cls: type[C]) -> type[C]:
+    """``cls`` with ``_ClosedTransportAsConnectionError`` in front (one subclass per class)."""
+    if issubclass(cls, _ClosedTransportAsConnectionError):
+        return cls
+    if cls not in _LOOP_NEUTRAL:
+        _LOOP_NEUTRAL[cls] = type(cls.__name__, (_ClosedTransportAsConnectionError, cls), {})
+    return _LOOP_NEUTRAL[cls]
 
 
 async def transaction(redis: aioredis.Redis) -> Pipeline:
