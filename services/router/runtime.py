@@ -97,6 +97,7 @@ class RouterRuntime:
                 default_output_tokens=settings.default_output_tokens, session_ttl_s=settings.session_ttl_s,
                 gating=self.policy.gates_admission, sticky=self.policy.sticky, max_attempts=settings.max_attempts,
                 fast_admit=bool(getattr(self.policy, "fast_admit", False)),
+                lend=bool(getattr(self.policy, "lend", False)),
             ),
             policy=self.policy,
             hold_limit=getattr(self.policy, "hold_limit", None) if self.policy.gates_admission else None,

@@ -124,7 +124,7 @@ class PauseResult:
 
 
 def plan_pauses(snapshot: Snapshot, order: str, values: ValueConfig = FULL_VALUES,
-                tolerance: float = 0.0) -> PauseResult:
+                tolerance: float = 0.0, first: frozenset[str] = frozenset()) -> PauseResult:
     """Pause admitted sessions on over-capacity healthy replicas
     (docs/algorithms.md#pause-policy).
 
@@ -137,6 +137,8 @@ def plan_pauses(snapshot: Snapshot, order: str, values: ValueConfig = FULL_VALUE
       ``_pause_until_safe``: ACTING smallest tokens first, then REASONING marked);
     - ``"belady"``: not ready first, then the furthest predicted tool return first (Belady's
       rule: evict what is needed last; no fresh prediction counts as furthest), then as ``"tao"``.
+    ``first``: sessions paused before every other on their replica, whatever their phase (the
+    borrowers of ``tao-lend``'s loans: they give the lent tokens back, the lenders keep theirs).
     """
     replicas = sorted_replicas(snapshot)
     by_id = {r.id: r for r in replicas}
@@ -167,8 +169,11 @@ def plan_pauses(snapshot: Snapshot, order: str, values: ValueConfig = FULL_VALUE
     for rid in sorted(over):
         excess = over[rid]
         mine = [i for i, s in enumerate(on_over) if s.replica == rid]
-        for phase_set in (frozenset({"ACTING"}), HOLDS_REQUEST):
-            for i in sorted((i for i in mine if on_over[i].phase in phase_set), key=key):
+        groups = [sorted((i for i in mine if on_over[i].id in first), key=key)] + [
+            sorted((i for i in mine if on_over[i].phase in phase_set and on_over[i].id not in first), key=key)
+            for phase_set in (frozenset({"ACTING"}), HOLDS_REQUEST)]
+        for group in groups:
+            for i in group:
                 if excess <= 0:
                     break
                 s = on_over[i]

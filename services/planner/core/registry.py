@@ -24,6 +24,7 @@ runs every registered name through the same invariants.
 | tao-ttl-long     | yes   | as tao-ttl                                   | as tao-ttl, only from tools predicted to run ≥ 10 s more | tao lever |
 | tao-hold-cost    | yes   | as tao-reclaim, plus how long left-out sessions were held and context tokens | as tao-reclaim, and once a held session has waited the prefill time of an ACTING incumbent's context, that incumbent's reservation may be taken even if its tool is predicted back | tao lever (ski rental: hold vs recompute) |
 | tao-overcommit   | yes   | as tao                                       | as tao, and the router admits a pool session whose request was held as long as its prompt's prefill takes, over capacity (≤ 1.4×), into the reservations of sessions idle at least as long as their own prefill | tao lever (ski rental: hold vs recompute) |
+| tao-lend         | yes   | as tao, plus predicted tool return times, context tokens, requests running per replica | as tao, and a ready session left out may be admitted into the reservations of ACTING sessions whose tool is predicted to return after its turn (prefill of its uncached prompt + decode at the replica's step time) ends; it is paused first, so it gives them back when its request ends | tao lever (prediction-based lending) |
 | sjf              | yes   | footprint (credit only to pick the replica)  | shortest footprint first, tao-paper's pauses     | TAO paper's DP comparison |
 | thunderagent     | yes   | program tokens (acting weighted), buffers    | tick every 5 s: resume reasoning→new→acting, BFD onto the roomiest replica; pause smallest acting first, mark reasoning | ThunderAgent scheduler/router.py |
 | continuum        | yes   | program arrival, tool-return prediction, context tokens | program-level FCFS with head-of-line blocking; pin each tool call's KV for TTL τ* = argmax P(τ)·(T·η + prefill) − τ, unpin on expiry or (latest arrival first) when the queue head does not fit | arXiv 2511.02230 §4, Hanchenli/vllm-continuum |
@@ -68,6 +69,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "tao-hold-cost": lambda: TaoPolicy("tao-hold-cost", replace(TAO, reclaim=True, hold_cost=True)),
     "tao-overcommit": lambda: TaoPolicy("tao-overcommit", replace(TAO, overcommit=True)),
     "tao-ttl-q": lambda: TaoPolicy("tao-ttl-q", replace(TAO, ttl=True, ttl_queue=True)),
+    "tao-lend": lambda: TaoPolicy("tao-lend", replace(TAO, lend=True)),
     "round_robin": RoundRobinPolicy,
     "least_loaded": LeastLoadedPolicy,
     "cache_aware": CacheAwarePolicy,

@@ -80,6 +80,22 @@ from services.planner.core.values import (
 
 
 @dataclass(frozen=True, slots=True)
+class DecodeStepFit:
+    """Seconds of one decode step of ``batch`` sequences that read ``kv_tokens`` of KV in all:
+    c0 + c1·batch + c2·kv_tokens, the least-squares fit of the engine model's decode step
+    (``services/sim/engine/step_time.py``, ``decode_step_time_s``) on qwen3-32b-h100x2, batch
+    1–64 × 1k–96k tokens each, within 0.1 % everywhere: the profile of ``ContinuumConfig``'s
+    prefill fit (about 14.4 ms for one short sequence, 35 ms for four of 96k tokens)."""
+
+    constant_s: float = 1.444e-2
+    per_seq_s: float = 6.41e-5
+    per_kv_token_s: float = 5.22e-8
+
+    def step_s(self, batch: int, kv_tokens: int) -> float:
+        return self.constant_s + self.per_seq_s * max(1, batch) + self.per_kv_token_s * max(0, kv_tokens)
+
+
+@dataclass(frozen=True, slots=True)
 class TaoConfig:
     """``placement``: "dp" | "bfd" | "sjf"; ``pause_order``: "tao" | "thunderagent" | "belady";
     ``guard``: after a DP that did not run at token resolution, also build the BFD and SJF
@@ -111,7 +127,11 @@ class TaoConfig:
     prefill-reload time of its own prompt (``TaoPolicy.hold_limit``, read by the router core as
     its ``hold_limit``; the ``tao-overcommit`` lever): past that, holding costs more than vLLM
     preempting and recomputing; ``overcommit_cap``: only onto a replica whose admitted
-    footprints stay within that multiple of its capacity (``TaoPolicy.over_capacity``)."""
+    footprints stay within that multiple of its capacity (``TaoPolicy.over_capacity``); ``lend``: a
+    ready pool session the plan leaves out may be admitted into the reservations of admitted ACTING
+    sessions whose predicted tool outlasts its predicted turn (``TaoPolicy._lend``, ``lends``; the
+    ``tao-lend`` lever); it gives them back when its request ends (the router core accepts such an
+    assignment, ``CoreConfig.lend``), with ``decode_model``'s decode step time."""
 
     values: ValueConfig = FULL_VALUES
     placement: str = "dp"
@@ -131,6 +151,8 @@ class TaoConfig:
     hold_cost: bool = False
     overcommit: bool = False
     overcommit_cap: float = 1.4
+    lend: bool = False
+    decode_model: DecodeStepFit = field(default_factory=DecodeStepFit)
 
 
 TAO_PAPER = TaoConfig(spread=True)
@@ -177,6 +199,31 @@ def hold_outweighs_recompute(waited_s: float, incumbent: SessionState, model: Co
     vLLM keeps a paused session's blocks cached until they are needed, so giving its
     reservation away costs at most that recompute when its tool returns."""
     return waited_s >= prefill_reload_s(incumbent.context_tokens or incumbent.footprint_tokens, model)
+
+
+def turn_s(borrower: SessionState, cached_tokens: int, running: int, running_kv_tokens: int,
+           cfg: TaoConfig) -> float:
+    """Predicted duration of ``borrower``'s next turn on a replica that holds ``cached_tokens`` of
+    its prompt and runs ``running`` requests over ``running_kv_tokens`` of KV: the prefill of the
+    uncached part of its prompt (``prefill_reload_s`` of the prompt less that of the cached
+    prefix: the suffix attends to the prefix) plus the decode of its new tokens at that replica's
+    decode step time with the borrower in the batch (``DecodeStepFit``). Its footprint stands for
+    the prompt and its footprint less its context (the next append plus the expected output,
+    docs/algorithms.md#footprint) for the output: the snapshot carries no separate output
+    estimate, so both are upper bounds (a longer predicted turn lends less)."""
+    prompt = borrower.footprint_tokens
+    cached = min(max(0, cached_tokens), prompt)
+    prefill = prefill_reload_s(prompt, cfg.ttl_model) - prefill_reload_s(cached, cfg.ttl_model)
+    new_tokens = max(0, borrower.footprint_tokens - borrower.context_tokens)
+    step = cfg.decode_model.step_s(running + 1, running_kv_tokens + borrower.footprint_tokens)
+    return prefill + new_tokens * step
+
+
+def lends(lender: SessionState, now_s: float, turn: float) -> bool:
+    """``lender`` (an admitted ACTING session that is not ready) may lend its reservation for a
+    turn of ``turn`` seconds: its tool is predicted to return later than that turn ends. Without a
+    fresh prediction it does not lend; a tool past its predicted return counts as returning now."""
+    return lender.tool_return_s is not None and lender.tool_return_s - now_s > turn
 
 
 def place_greedily(order: Sequence[int], values: Values, eligible: npt.NDArray[np.bool_],
@@ -268,6 +315,9 @@ class TaoPolicy:
         # tao-ttl-q: sessions this policy reclaimed, and their pool waits when admitted again.
         self._reclaimed: set[str] = set()
         self._reclaim_waits: deque[float] = deque(maxlen=self.config.ttl_model.queue_window)
+        # The router core reads this (CoreConfig.lend): a plan's assignment may exceed free room.
+        self.lend = self.config.lend
+        self._loans: dict[str, _Loan] = {}  # tao-lend: borrower -> its loan
 
     def hold_limit_s(self, prompt_tokens: int) -> float:
         """``TaoConfig.overcommit``: how long a held request of ``prompt_tokens`` may wait before
@@ -312,7 +362,8 @@ class TaoPolicy:
         start = start_time(self._stopwatch)
         cfg = self.config
         replicas = sorted_replicas(snapshot)
-        paused = plan_pauses(snapshot, cfg.pause_order, cfg.values, cfg.pause_tolerance)
+        borrowers = self._settle_loans(snapshot) if cfg.lend else frozenset()
+        paused = plan_pauses(snapshot, cfg.pause_order, cfg.values, cfg.pause_tolerance, first=borrowers)
         paused_ids = frozenset(paused.pauses)
         free = free_after_pauses(replicas, paused.freed_tokens)
         pool = pool_candidates(snapshot)
@@ -354,6 +405,8 @@ class TaoPolicy:
         if len(choice) > len(ids):  # _reclaim's rows of reclaimed incumbents: not assignments
             values = Values(values.credit[: len(ids)], values.ready[: len(ids)], values.footprint[: len(ids)])
             choice = choice[: len(ids)]
+        if cfg.lend:
+            choice = self._lend(snapshot, replicas, healthy, frozenset(pauses), values, ids, choice)
         assignments = tuple(
             Assignment(ids[i], replicas[int(choice[i])].id) for i in range(len(ids)) if choice[i] >= 0
         )
@@ -455,6 +508,103 @@ class TaoPolicy:
         kept = frozenset(inc[k].id for k in range(len(inc)) if solved.choice[m_pool + k] >= 0)
         return solved, combined, eligible, freed, dropped, kept
 
+    def _settle_loans(self, snapshot: Snapshot) -> frozenset[str]:
+        """Bring the loans up to date with the snapshot and return the borrowers admitted on loan
+        (paused first on their replica once it is over the band: ``plan_pauses``' ``first``).
+        A loan lasts while its borrower is admitted on the loan's replica: it ends when the
+        borrower is gone, placed elsewhere or back in the pool (its request ended, or the router
+        did not apply the loan before this snapshot)."""
+        by_id = {s.id: s for s in snapshot.sessions}
+        for sid, loan in list(self._loans.items()):
+            s = by_id.get(sid)
+            if s is None or not s.admitted or s.replica != loan.replica:
+                del self._loans[sid]
+        return frozenset(self._loans)
+
+    def _lend(self, snapshot: Snapshot, replicas: Sequence[ReplicaState], healthy: npt.NDArray[np.bool_],
+              paused_ids: frozenset[str], values: Values, ids: list[str],
+              choice: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """``TaoConfig.lend``: after the DP, each ready pool session it left out (longest held
+        first, then id) may be admitted into the reservations of admitted ACTING sessions that are
+        not ready, not paused, not borrowers and not already lending, whose tool is predicted to
+        return after the borrower's turn ends (``lends``, ``turn_s`` on that replica): on the
+        replica where its predicted turn is shortest (then id), lenders with the furthest return
+        first, as few as cover it. Bounds: only on a replica not over capacity after this plan,
+        and there Σ admitted − Σ lent + Σ borrowed ≤ capacity, so the excess is never more
+        than the borrowers' footprints and the borrowers, paused first (``_settle_loans``), return
+        it when their request ends; the lenders keep their admission. Returns the new choice."""
+        cfg = self.config
+        now = snapshot.now_s
+        left = [i for i in range(len(ids)) if values.ready[i] and choice[i] < 0]
+        if not left:
+            return choice
+        by_id = {s.id: s for s in snapshot.sessions}
+        col = {r.id: j for j, r in enumerate(replicas)}
+        room = [r.capacity_tokens - r.used_tokens for r in replicas]
+        for sid in paused_ids:
+            s = by_id[sid]
+            if s.phase == "ACTING" and s.replica in col:
+                room[col[s.replica]] += s.footprint_tokens
+        for i in np.nonzero(choice >= 0)[0].tolist():
+            room[int(choice[i])] -= int(values.footprint[i])
+        open_ = [healthy[j] and room[j] >= 0 for j in range(len(replicas))]
+        lending = {lender for loan in self._loans.values() for lender in loan.lenders}
+        running = [0] * len(replicas)
+        running_kv = [0] * len(replicas)
+        lenders: list[list[SessionState]] = [[] for _ in replicas]
+        for s in sorted(snapshot.sessions, key=lambda s: s.id):
+            if not s.admitted or s.replica not in col:
+                continue
+            j = col[s.replica]
+            if s.phase == "RUNNING":
+                running_kv[j] += s.footprint_tokens
+            elif (s.phase == "ACTING" and not s.ready and s.id not in paused_ids and s.id not in lending
+                  and s.id not in self._loans and s.tool_return_s is not None):
+                lenders[j].append(s)
+        for j, r in enumerate(replicas):
+            running[j] = r.running
+            lenders[j].sort(key=lambda s: (-(s.tool_return_s or 0.0), s.id))
+        headroom = dict(snapshot.tenant_headroom) if snapshot.tenant_headroom is not None else None
+        if headroom is not None:
+            for i in np.nonzero(choice >= 0)[0].tolist():
+                t = by_id[ids[i]].tenant
+                if t in headroom:
+                    headroom[t] -= 1
+        choice = choice.copy()
+        held_since = {i: by_id[ids[i]].waiting_since_s for i in left}
+        for i in sorted(left, key=lambda i: (held_since[i] if held_since[i] is not None else now, ids[i])):
+            b = by_id[ids[i]]
+            if headroom is not None and headroom.get(b.tenant, 1) <= 0:
+                continue
+            best: tuple[float, str, int, tuple[SessionState, ...]] | None = None
+            for j, r in enumerate(replicas):
+                if not open_[j] or not r.serves(b):
+                    continue
+                turn = turn_s(b, int(values.credit[i, j]), running[j], running_kv[j], cfg)
+                need = b.footprint_tokens - room[j]
+                taken: list[SessionState] = []
+                for lender in lenders[j]:
+                    if need <= 0:
+                        break
+                    if lends(lender, now, turn):
+                        taken.append(lender)
+                        need -= lender.footprint_tokens
+                if need <= 0 and taken and (best is None or (turn, r.id) < best[:2]):
+                    best = (turn, r.id, j, tuple(taken))
+            if best is None:
+                continue
+            _, rid, j, taken_lenders = best
+            choice[i] = j
+            room[j] += sum(s.footprint_tokens for s in taken_lenders) - b.footprint_tokens
+            gone = {s.id for s in taken_lenders}
+            lenders[j] = [s for s in lenders[j] if s.id not in gone]
+            running[j] += 1
+            running_kv[j] += b.footprint_tokens
+            self._loans[b.id] = _Loan(rid, tuple(s.id for s in taken_lenders))
+            if headroom is not None and b.tenant in headroom:
+                headroom[b.tenant] -= 1
+        return choice
+
     def _seniority_tier(self, snapshot: Snapshot, ids: list[str], values: Values) -> IntArray:
         """Per pool row: 0 when not ready; else 1, or 2 for the older half of the sessions in the
         snapshot, by the order in which this policy first saw them (program-level age, after
@@ -522,6 +672,14 @@ class TaoPolicy:
                 best = dataclasses.replace(solved, choice=choice, solver=name)
                 best_value = value
         return best
+
+
+@dataclass(frozen=True, slots=True)
+class _Loan:
+    """A ``tao-lend`` loan: the borrower's replica and the sessions whose reservations it borrowed."""
+
+    replica: str
+    lenders: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,12 @@ class CoreConfig:
     #: what the ``tao`` policy's DP decides in that case (ready first, then credit); the
     #: planner's next plan sees it as admitted. Set from the policy's ``fast_admit``.
     fast_admit: bool = False
+    #: gating only: a plan's assignment may take, besides the free room, the reservations of
+    #: the sessions admitted on its replica that are between requests (the ``tao-lend`` lever:
+    #: the planner lends the reservation of a session whose tool is predicted to outlast the
+    #: assigned session's turn, and pauses the borrower first once the replica is over capacity,
+    #: so it gives the tokens back when its request ends). Set from the policy's ``lend``.
+    lend: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.target_utilisation <= 1.0:

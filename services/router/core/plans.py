@@ -15,7 +15,9 @@ applied only if it still holds against live state:
 - then assignments, in plan order: the session still exists, is unplaced, not RUNNING, and
   its placement has not changed since the snapshot; the replica is known, healthy, not
   draining, serves the session's model, has a known capacity and room for the session's
-  footprint now, and has not just failed under this session.
+  footprint now (with ``CoreConfig.lend``, room counts the reservations of the sessions
+  admitted there that are between requests: a ``tao-lend`` loan), and has not just failed
+  under this session.
 Plan-level fencing (epoch + revision, ``services.common.epoch.StampFence``) happens before,
 in the adapter, for planner plans; the local fallback's plans are not stamped.
 """
@@ -116,6 +118,9 @@ def _check_assignment(core: RouterCore, sid: str, rid: str, snapshot_at_s: float
     if not rep.serves(s.model):
         return f"replica {rid} does not serve model {s.model}"
     free = core.capacity(rid) - core.used.get(rid, 0)
+    if core.config.lend:  # a loan: the reservations of sessions between requests there count too
+        free += sum(o.footprint_tokens for o in core.sessions.values()
+                    if o.admitted and o.replica == rid and o.idle and not o.pause_pending)
     if s.footprint_tokens > free:
         return f"no room on {rid}: footprint {s.footprint_tokens} > free {free} tokens"
     return None

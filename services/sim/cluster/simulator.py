@@ -172,7 +172,8 @@ class ClusterSim:
         self.core = RouterCore(
             CoreConfig(target_utilisation=config.utilisation_target, gating=self.gating,
                        sticky=bool(policy.sticky), pause_revalidation=config.pause_revalidation,
-                       fast_admit=bool(getattr(policy, "fast_admit", False))),
+                       fast_admit=bool(getattr(policy, "fast_admit", False)),
+                       lend=bool(getattr(policy, "lend", False))),
             None if self.gating else self.policy,
             hold_limit=getattr(policy, "hold_limit", None) if self.gating else None,
             over_capacity=float(getattr(policy, "over_capacity", 1.0)) if self.gating else 1.0,

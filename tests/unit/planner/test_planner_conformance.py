@@ -1,7 +1,8 @@
 """Every registered policy through the same invariants (STYLE: explicit registries, conformance).
 
 Admission-gating policies: on each healthy replica the footprints newly admitted fit in
-capacity − used + footprints of the ACTING sessions the plan pauses there. Per-request
+capacity − used + footprints of the ACTING sessions the plan pauses there (``tao-lend``: plus
+those of the ACTING sessions not ready whose tool is predicted back later, which it may lend). Per-request
 routers: every held request that a healthy replica serving its model exists for is routed
 exactly once, to a healthy replica, and nothing else. All: no session twice, nothing on an
 unhealthy replica or on one that does not serve the session's model, pauses only of admitted sessions,
@@ -85,7 +86,12 @@ def check_plan(name: str, snapshot: Snapshot, plan: Plan) -> None:
             new = sum(by_id[a.session].footprint_tokens for a in plan.assignments if a.replica == rid)
             freed = sum(by_id[s].footprint_tokens for s in plan.pauses
                         if by_id[s].replica == rid and by_id[s].phase == "ACTING")
-            assert new <= max(0, rep.capacity_tokens - rep.used_tokens) + freed, f"{rid} over capacity"
+            # tao-lend: plus the reservations of admitted ACTING sessions whose tool is predicted back later
+            lent = sum(s.footprint_tokens for s in snapshot.sessions
+                       if getattr(policy, "lend", False) and s.admitted and s.replica == rid and s.phase == "ACTING"
+                       and not s.ready and s.id not in plan.pauses and s.tool_return_s is not None
+                       and s.tool_return_s > snapshot.now_s)
+            assert new <= max(0, rep.capacity_tokens - rep.used_tokens) + freed + lent, f"{rid} over capacity"
         if name in TAO_FAMILY and snapshot.tenant_headroom:
             for tenant, slots in snapshot.tenant_headroom.items():
                 assert sum(by_id[s].tenant == tenant for s in assigned) <= slots
