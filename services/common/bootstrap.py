@@ -289,9 +289,9 @@ async def start_service(
 S = TypeVar("S", bound=ServiceSettings)
 
 
-def event_loop_factory(kind: str = "asyncio") -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The loop ``ServiceSettings.event_loop`` names: asyncio's (``None``) by default; uvloop's
-    when asked for and installed (see that setting for why it is not the default)."""
+def event_loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The loop ``ServiceSettings.event_loop`` names: uvloop's when asked for and installed,
+    else asyncio's (``None``)."""
     if kind != "uvloop":
         return None
     try:

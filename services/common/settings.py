@@ -70,13 +70,11 @@ class ServiceSettings(BaseSettings):
     grace_s: float = Field(default=5.0, ge=0, le=300, description="graceful-shutdown grace for in-flight RPCs")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
-    #: "uvloop" runs the service on libuv's loop (3–9 % less router CPU per streamed token,
-    #: docs/benchmarks.md#router) but redis-py's asyncio client then does not recover from a
-    #: reset Redis connection: uvloop raises RuntimeError ("the handler is closed") where
-    #: asyncio raises ConnectionError, and the client keeps the dead connection (the fault
-    #: suite's proxy_redis scenario lost every later request). Opt in only without that risk.
+    #: uvloop (libuv's loop) by default: 3–9 % less router CPU per streamed token than asyncio's
+    #: (docs/benchmarks.md#router). redis-py sees the same errors on both since its connections
+    #: translate uvloop's closed-transport RuntimeError (services.common.redis_client).
     event_loop: Literal["asyncio", "uvloop"] = Field(
-        default="asyncio", description="asyncio's event loop, or uvloop's (see the comment above)")
+        default="uvloop", description="uvloop's event loop (asyncio's where uvloop is not installed), or asyncio's")
     config_file: Path | None = None
     time_scale: float = Field(
         default=1.0, gt=0, le=1000,
