@@ -136,7 +136,10 @@ def plan_pauses(snapshot: Snapshot, order: str, values: ValueConfig = FULL_VALUE
     - ``"thunderagent"``: smallest footprint first, then id (ThunderAgent's
       ``_pause_until_safe``: ACTING smallest tokens first, then REASONING marked);
     - ``"belady"``: not ready first, then the furthest predicted tool return first (Belady's
-      rule: evict what is needed last; no fresh prediction counts as furthest), then as ``"tao"``.
+      rule: evict what is needed last; no fresh prediction counts as furthest), then as ``"tao"``;
+    - ``"smallest"``: not ready first, then the smallest footprint, then id (ThunderAgent's order
+      with readiness kept first; the ``tao-small-pause`` lever): the largest contexts keep
+      running, at the price of more sessions paused to cover the same excess.
     ``first``: sessions paused before every other on their replica, whatever their phase (the
     borrowers of ``tao-lend``'s loans: they give the lent tokens back, the lenders keep theirs).
     """
@@ -158,6 +161,8 @@ def plan_pauses(snapshot: Snapshot, order: str, values: ValueConfig = FULL_VALUE
         if order == "thunderagent":
             return (s.footprint_tokens, s.id)
         ready = 1 if (s.ready and values.use_readiness) else 0
+        if order == "smallest":
+            return (ready, s.footprint_tokens, s.id)
         if order == "belady":
             # Furthest predicted return first; no fresh prediction counts as furthest.
             returns = s.tool_return_s if s.tool_return_s is not None else math.inf

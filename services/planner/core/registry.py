@@ -15,6 +15,7 @@ runs every registered name through the same invariants.
 | tao-bfd          | yes   | as tao-paper                                 | best-fit-decreasing by value instead of the DP   | TAO paper ablation |
 | tao-ta-pause     | yes   | as tao-paper                                 | ThunderAgent's pause order (smallest first)      | TAO paper ablation |
 | tao-belady       | yes   | as tao, plus predicted tool return times     | as tao, pausing the furthest predicted return first | tao lever (Belady) |
+| tao-small-pause  | yes   | as tao                                       | as tao, pausing (not ready first) the smallest footprint first, so the largest contexts keep running | tao lever (ThunderAgent's pause order) |
 | tao-no-spread    | yes   | as tao                                       | as tao, no compute-load tie-break                | tao ablation |
 | tao-senior       | yes   | as tao, plus when each session was first seen | as tao, ready sessions of the older half count twice | tao lever (after Continuum's program FCFS) |
 | tao-fast         | yes   | as tao                                       | as tao, and the router admits a pool session's request at once when no other pool session holds one and a serving replica has room (no planner round trip) | tao lever |
@@ -60,6 +61,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "tao-ta-pause": lambda: TaoPolicy("tao-ta-pause", replace(TAO_PAPER, pause_order="thunderagent")),
     "sjf": lambda: TaoPolicy("sjf", replace(TAO_PAPER, placement="sjf")),
     "tao-belady": lambda: TaoPolicy("tao-belady", replace(TAO, pause_order="belady")),
+    "tao-small-pause": lambda: TaoPolicy("tao-small-pause", replace(TAO, pause_order="smallest")),
     "tao-no-spread": lambda: TaoPolicy("tao-no-spread", replace(TAO, spread=False)),
     "tao-senior": lambda: TaoPolicy("tao-senior", replace(TAO, objective="senior")),
     "tao-fast": lambda: TaoPolicy("tao-fast", replace(TAO, fast_admit=True)),

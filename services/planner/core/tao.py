@@ -97,7 +97,8 @@ class DecodeStepFit:
 
 @dataclass(frozen=True, slots=True)
 class TaoConfig:
-    """``placement``: "dp" | "bfd" | "sjf"; ``pause_order``: "tao" | "thunderagent" | "belady";
+    """``placement``: "dp" | "bfd" | "sjf"; ``pause_order``: "tao" | "thunderagent" | "belady" |
+    "smallest" (``plan_pauses``);
     ``guard``: after a DP that did not run at token resolution, also build the BFD and SJF
     plans and keep the lexicographically best in exact tokens; ``sparse``: try the
     token-resolution DP over reachable states (sparse.py) first; ``objective``: "paper"

@@ -53,6 +53,21 @@ def test_belady_pauses_the_furthest_predicted_return_first() -> None:
     assert plan_pauses(snap, "belady").pauses == ("late",)
 
 
+def test_small_pause_pauses_the_smallest_not_ready_session_first() -> None:
+    """`tao` pauses the lowest credit first (here the large context whose credit decayed);
+    `tao-small-pause` keeps the largest contexts running and covers the excess with the
+    smallest footprints, never a ready session before a not-ready one."""
+    sessions = (
+        S("large", 600, phase="ACTING", admitted=True, replica="r0", credit={"r0": 50}),
+        S("small-a", 200, phase="ACTING", admitted=True, replica="r0", credit={"r0": 190}),
+        S("small-b", 250, phase="ACTING", admitted=True, replica="r0", credit={"r0": 240}),
+        S("tiny-ready", 100, ready=True, phase="ACTING", admitted=True, replica="r0", credit={"r0": 90}),
+    )
+    snap = Snapshot(100.0, (ReplicaState("r0", 900, 1150),), sessions)  # 250 over, 28 % past capacity
+    assert make_policy("tao").plan(snap).pauses == ("large",)
+    assert make_policy("tao-small-pause").plan(snap).pauses == ("small-a", "small-b")
+
+
 def test_spread_keeps_the_objective_and_uses_every_replica() -> None:
     reps = (ReplicaState("r0", 10_000, 0), ReplicaState("r1", 10_000, 0))
     snap = Snapshot(0.0, reps, tuple(S(f"s{i}", 500, ready=True, phase="WAITING") for i in range(6)))
