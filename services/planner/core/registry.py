@@ -23,6 +23,7 @@ runs every registered name through the same invariants.
 | tao-ttl          | yes   | as tao, plus predicted tool return times and context tokens | as tao-reclaim, but only from sessions whose Continuum TTL (d·ln(B/d), B = prefill reload) has run out | tao lever (Continuum's TTL inside TAO's objective, arXiv 2511.02230) |
 | tao-ttl-q        | yes   | as tao-ttl, plus the pool waits of the sessions it reclaimed | as tao-ttl, with Continuum's queueing term T·η in the TTL's benefit | tao lever (arXiv 2511.02230 §4.2) |
 | tao-ttl-long     | yes   | as tao-ttl                                   | as tao-ttl, only from tools predicted to run ≥ 10 s more | tao lever |
+| tao-ttl-turn     | yes   | as tao-ttl, plus requests running per replica | as tao-ttl, only from tools predicted to run longer than the shortest predicted turn of the ready sessions left out on that replica (tao-lend's turn) | tao lever |
 | tao-hold-cost    | yes   | as tao-reclaim, plus how long left-out sessions were held and context tokens | as tao-reclaim, and once a held session has waited the prefill time of an ACTING incumbent's context, that incumbent's reservation may be taken even if its tool is predicted back | tao lever (ski rental: hold vs recompute) |
 | tao-overcommit   | yes   | as tao                                       | as tao, and the router admits a pool session whose request was held as long as its prompt's prefill takes, over capacity (≤ 1.4×), into the reservations of sessions idle at least as long as their own prefill | tao lever (ski rental: hold vs recompute) |
 | tao-lend         | yes   | as tao, plus predicted tool return times, context tokens, requests running per replica | as tao, and a ready session left out may be admitted into the reservations of ACTING sessions whose tool is predicted to return after its turn (prefill of its uncached prompt + decode at the replica's step time) ends; it is paused first, so it gives them back when its request ends | tao lever (prediction-based lending) |
@@ -68,6 +69,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "tao-reclaim": lambda: TaoPolicy("tao-reclaim", replace(TAO, reclaim=True)),
     "tao-ttl": lambda: TaoPolicy("tao-ttl", replace(TAO, ttl=True)),
     "tao-ttl-long": lambda: TaoPolicy("tao-ttl-long", replace(TAO, ttl=True, ttl_min_remaining_s=10.0)),
+    "tao-ttl-turn": lambda: TaoPolicy("tao-ttl-turn", replace(TAO, ttl=True, ttl_turn=True)),
     "tao-hold-cost": lambda: TaoPolicy("tao-hold-cost", replace(TAO, reclaim=True, hold_cost=True)),
     "tao-overcommit": lambda: TaoPolicy("tao-overcommit", replace(TAO, overcommit=True)),
     "tao-ttl-q": lambda: TaoPolicy("tao-ttl-q", replace(TAO, ttl=True, ttl_queue=True)),

@@ -117,7 +117,11 @@ class TaoConfig:
     it admits them again (the ``tao-ttl-q`` lever); ``ttl_min_remaining_s``: with ``ttl``, take
     back only a tool predicted to run at least this much longer (one past its predicted return
     counts as returning now; no fresh prediction: allowed once its TTL ran out; the
-    ``tao-ttl-long`` lever); ``hold_cost``: reclaim as ``reclaim``, and once a ready pool session
+    ``tao-ttl-long`` lever); ``ttl_turn``: with ``ttl``, take back only a tool predicted to run
+    longer than the shortest predicted turn (``turn_s``) of the ready sessions left out on its
+    replica, i.e. one that would lend (``lends``) to the session that needs the tokens: the
+    bound ``ttl_min_remaining_s`` sets by hand, from the engine's step times instead (no fresh
+    prediction: allowed once its TTL ran out; the ``tao-ttl-turn`` lever); ``hold_cost``: reclaim as ``reclaim``, and once a ready pool session
     left out has waited at least the time to recompute an admitted ACTING session's context
     (``hold_outweighs_recompute``, the prefill-reload fit of ``ttl_model``), that incumbent's
     reservation may be taken even when its tool is predicted back or its TTL runs: holding the
@@ -149,6 +153,7 @@ class TaoConfig:
     ttl_model: ContinuumConfig = field(default_factory=ContinuumConfig)
     ttl_queue: bool = False
     ttl_min_remaining_s: float = 0.0
+    ttl_turn: bool = False
     hold_cost: bool = False
     overcommit: bool = False
     overcommit_cap: float = 1.4
@@ -225,6 +230,18 @@ def lends(lender: SessionState, now_s: float, turn: float) -> bool:
     turn of ``turn`` seconds: its tool is predicted to return later than that turn ends. Without a
     fresh prediction it does not lend; a tool past its predicted return counts as returning now."""
     return lender.tool_return_s is not None and lender.tool_return_s - now_s > turn
+
+
+def running_load(snapshot: Snapshot, replicas: Sequence[ReplicaState],
+                 col: dict[str, int]) -> tuple[list[int], list[int]]:
+    """Per replica: the requests it runs (its own count) and the footprints of the admitted
+    sessions in RUNNING there (the KV its decode steps read), for ``turn_s``."""
+    running = [r.running for r in replicas]
+    running_kv = [0] * len(replicas)
+    for s in snapshot.sessions:
+        if s.admitted and s.phase == "RUNNING" and s.replica in col:
+            running_kv[col[s.replica]] += s.footprint_tokens
+    return running, running_kv
 
 
 def place_greedily(order: Sequence[int], values: Values, eligible: npt.NDArray[np.bool_],
@@ -460,12 +477,20 @@ class TaoPolicy:
         waited = max((snapshot.now_s - w for i in left_out
                       if (w := by_id[ids[i]].waiting_since_s) is not None), default=0.0)
 
+        shortest_turn: list[float] = []
+        if cfg.ttl_turn:
+            running, running_kv = running_load(snapshot, replicas, col)
+            shortest_turn = [min((turn_s(by_id[ids[i]], int(values.credit[i, j]), running[j], running_kv[j], cfg)
+                                  for i in left_out), default=0.0) for j in range(len(replicas))]
+
         def usual(s: SessionState) -> bool:
             return (not (s.ready and cfg.values.use_readiness)
                     and (not cfg.ttl or ttl_expired(s, snapshot.now_s, cfg.ttl_model,
                                                     self.queue_delay_s if cfg.ttl_queue else 0.0))
                     and (cfg.ttl_min_remaining_s <= 0.0 or s.tool_return_s is None
-                         or s.tool_return_s - snapshot.now_s >= cfg.ttl_min_remaining_s))
+                         or s.tool_return_s - snapshot.now_s >= cfg.ttl_min_remaining_s)
+                    and (not cfg.ttl_turn or s.tool_return_s is None or s.replica not in col
+                         or lends(s, snapshot.now_s, shortest_turn[col[s.replica]])))
 
         def costly(s: SessionState) -> bool:
             return cfg.hold_cost and hold_outweighs_recompute(waited, s, cfg.ttl_model)
@@ -550,20 +575,14 @@ class TaoPolicy:
             room[int(choice[i])] -= int(values.footprint[i])
         open_ = [healthy[j] and room[j] >= 0 for j in range(len(replicas))]
         lending = {lender for loan in self._loans.values() for lender in loan.lenders}
-        running = [0] * len(replicas)
-        running_kv = [0] * len(replicas)
+        running, running_kv = running_load(snapshot, replicas, col)
         lenders: list[list[SessionState]] = [[] for _ in replicas]
         for s in sorted(snapshot.sessions, key=lambda s: s.id):
-            if not s.admitted or s.replica not in col:
-                continue
-            j = col[s.replica]
-            if s.phase == "RUNNING":
-                running_kv[j] += s.footprint_tokens
-            elif (s.phase == "ACTING" and not s.ready and s.id not in paused_ids and s.id not in lending
-                  and s.id not in self._loans and s.tool_return_s is not None):
-                lenders[j].append(s)
-        for j, r in enumerate(replicas):
-            running[j] = r.running
+            if (s.admitted and s.replica in col and s.phase == "ACTING" and not s.ready
+                    and s.id not in paused_ids and s.id not in lending
+                    and s.id not in self._loans and s.tool_return_s is not None):
+                lenders[col[s.replica]].append(s)
+        for j in range(len(replicas)):
             lenders[j].sort(key=lambda s: (-(s.tool_return_s or 0.0), s.id))
         headroom = dict(snapshot.tenant_headroom) if snapshot.tenant_headroom is not None else None
         if headroom is not None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from services.common.core.evidence import CacheEvidence
 from services.planner.core import make_policy
 from services.planner.core.model import ReplicaState, SessionState, Snapshot
 from services.planner.core.policy import plan_pauses
+from services.planner.core.tao import TaoConfig, turn_s
 
 
 def S(sid: str, f: int, ready: bool = False, credit: dict[str, int] | None = None, **kw: object) -> SessionState:
@@ -169,6 +172,24 @@ def test_ttl_q_learns_the_pool_wait_of_reclaimed_sessions_and_holds_longer() -> 
     later = _ttl_snapshot(102.0, 700, 105.0)
     assert make_policy("tao-ttl").plan(later).pauses == ("tool",)
     assert policy.plan(later).pauses == ()
+
+
+def test_ttl_turn_takes_back_a_tool_only_if_it_outlasts_the_waiting_sessions_turn() -> None:
+    # The waiting session's turn: 600-token footprint, context 400, so 200 new tokens at one
+    # decode step of the empty replica (~14.5 ms) plus a ~0.03 s prefill: about 2.9 s.
+    def snap(tool_return: float | None, now: float = 101.0) -> Snapshot:
+        base = _ttl_snapshot(now, 700, tool_return)
+        waiting = replace(base.sessions[1], context_tokens=400)
+        return replace(base, sessions=(base.sessions[0], waiting))
+    turn = turn_s(snap(None).sessions[1], 0, 0, 0, TaoConfig())
+    assert 2.5 < turn < 3.5
+    policy = make_policy("tao-ttl-turn")
+    assert policy.plan(snap(101.0 + turn - 0.5)).pauses == ()  # back before the turn would end
+    plan = policy.plan(snap(101.0 + turn + 0.5))  # 3.4 s left: tao-ttl-long's 10 s would keep it
+    assert plan.pauses == ("tool",)
+    assert [a.session for a in plan.assignments] == ["next"]
+    assert make_policy("tao-ttl-long").plan(snap(101.0 + turn + 0.5)).pauses == ()
+    assert make_policy("tao-ttl-turn").plan(snap(None, now=102.0)).pauses == ("tool",)  # no prediction: cold-start TTL
 
 
 def test_ttl_long_takes_back_only_a_tool_predicted_to_run_long() -> None:
