@@ -82,12 +82,11 @@ class ReplicaSubscriber:
     """Follows one replica's KV events into the index."""
 
     def __init__(self, index: KVBlockIndex, replica: str, source: KvEventSource, ctx: zmq.asyncio.Context,
-                 on_change: Callable[[], None], replay_timeout_s: float, log: Any) -> None:
+                 replay_timeout_s: float, log: Any) -> None:
         self.index = index
         self.replica = replica
         self.source = source
         self.ctx = ctx
-        self.on_change = on_change
         self.replay_timeout_s = replay_timeout_s
         self.log = log
         self.received = 0
@@ -133,7 +132,6 @@ class ReplicaSubscriber:
                 offer = self.index.offer(self.replica, seq, batch)
                 if offer.outcome == "gap":
                     await self._recover((seq, batch))
-                self.on_change()
         finally:
             sub.close(linger=0)
 
@@ -159,7 +157,6 @@ class ReplicaSubscriber:
                 self.log.warning("kv events lost: no replay", replica=rid, wanted=index.expected(rid), got=seq)
                 index.resync(rid, seq)
                 index.offer(rid, seq, batch, live=False)
-        self.on_change()
 
 
 class KvCredit:
@@ -198,8 +195,7 @@ class KvCredit:
         self._ctx = zmq.asyncio.Context()
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.render_timeout_s))
         for rid, src in self.sources.items():
-            sub = ReplicaSubscriber(self.index, rid, src, self._ctx, lambda: None, self.replay_timeout_s,
-                                    self.log)
+            sub = ReplicaSubscriber(self.index, rid, src, self._ctx, self.replay_timeout_s, self.log)
             self.subscribers[rid] = sub
             self._tasks.append(asyncio.create_task(sub.run(), name=f"router-kv-events-{rid}"))
         if self.credit:

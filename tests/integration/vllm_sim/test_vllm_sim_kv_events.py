@@ -87,7 +87,7 @@ async def _workload(sim: RunningSim, rounds: int, sessions: int = 4) -> None:
 async def _subscribe(sim: RunningSim, index: KVBlockIndex) -> tuple[ReplicaSubscriber, asyncio.Task[None],
                                                                      zmq.asyncio.Context]:
     ctx = zmq.asyncio.Context()
-    sub = ReplicaSubscriber(index, "r0", _source(sim), ctx, lambda: None, 2.0, structlog.get_logger("test"))
+    sub = ReplicaSubscriber(index, "r0", _source(sim), ctx, 2.0, structlog.get_logger("test"))
     return sub, asyncio.create_task(sub.run()), ctx
 
 
@@ -141,7 +141,7 @@ async def test_kv_event_sources_reports_the_bound_publisher(kv_sim: RunningSim) 
     entry = body["sources"][0]
     ctx = zmq.asyncio.Context()
     source = KvEventSource(endpoint=entry["endpoint"], replay_endpoint=entry["replay_endpoint"], topic=entry["topic"])
-    sub = ReplicaSubscriber(index, "r0", source, ctx, lambda: None, 2.0, structlog.get_logger("test"))
+    sub = ReplicaSubscriber(index, "r0", source, ctx, 2.0, structlog.get_logger("test"))
     task = asyncio.create_task(sub.run())
     try:
         await _chat(kv_sim, "d", 320)
@@ -209,7 +209,7 @@ async def test_cli_flag_publishes_like_vllm(sim_spawner: Any) -> None:
         index = KVBlockIndex()
         ctx = zmq.asyncio.Context()
         sub = ReplicaSubscriber(index, "r0", KvEventSource(endpoint=m.group(1), replay_endpoint=m.group(2)), ctx,
-                                lambda: None, 2.0, structlog.get_logger("test"))
+                                2.0, structlog.get_logger("test"))
         task = asyncio.create_task(sub.run())
         try:
             body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
@@ -243,7 +243,7 @@ async def test_subscriber_survives_bad_messages() -> None:
     pub.bind("tcp://127.0.0.1:*")
     index = KVBlockIndex()
     sub = ReplicaSubscriber(index, "r0", KvEventSource(endpoint=pub.getsockopt_string(zmq.LAST_ENDPOINT)), ctx,
-                            lambda: None, 0.5, structlog.get_logger("test"))
+                            0.5, structlog.get_logger("test"))
     task = asyncio.create_task(sub.run())
     good = encode_batch(KVEventBatch(0.0, [Stored([1], None, list(range(16)), 16, None)]))
     try:
@@ -281,7 +281,7 @@ async def test_tao_up_stack_wires_replicas_and_router_over_ipc(tmp_path: Path) -
         assert set(wiring) == {replica_id_for(u) for u in urls}
         index = KVBlockIndex()
         ctx = zmq.asyncio.Context()
-        tasks = [asyncio.create_task(ReplicaSubscriber(index, rid, KvEventSource(**src), ctx, lambda: None, 2.0,
+        tasks = [asyncio.create_task(ReplicaSubscriber(index, rid, KvEventSource(**src), ctx, 2.0,
                                                        structlog.get_logger("test")).run())
                  for rid, src in wiring.items()]
         try:
