@@ -121,10 +121,11 @@ class TaoConfig:
     longer than the shortest predicted turn (``turn_s``) of the ready sessions left out on its
     replica, i.e. one that would lend (``lends``) to the session that needs the tokens: the
     bound ``ttl_min_remaining_s`` sets by hand, from the engine's step times instead (no fresh
-    prediction: allowed once its TTL ran out; the ``tao-ttl-turn`` lever); ``hold_cost``: reclaim as ``reclaim``, and once a ready pool session
-    left out has waited at least the time to recompute an admitted ACTING session's context
-    (``hold_outweighs_recompute``, the prefill-reload fit of ``ttl_model``), that incumbent's
-    reservation may be taken even when its tool is predicted back or its TTL runs: holding the
+    prediction: allowed once its TTL ran out; the ``tao-ttl-turn`` lever); ``hold_cost``:
+    reclaim as ``reclaim``, and once a ready pool session left out has waited at least the time
+    to recompute an admitted ACTING session's context (``hold_outweighs_recompute``, the
+    prefill-reload fit of ``ttl_model``), that incumbent's reservation may be taken even when its
+    tool is predicted back or its TTL runs: holding the
     waiting session has already cost more than the engine recomputing the incumbent's KV
     (ski rental: keep holding until the hold has cost what the alternative costs; the
     ``tao-hold-cost`` lever, docs/benchmarks.md#terminal-bench-and-kv_aware); ``overcommit``: the
@@ -584,18 +585,12 @@ class TaoPolicy:
                 lenders[col[s.replica]].append(s)
         for j in range(len(replicas)):
             lenders[j].sort(key=lambda s: (-(s.tool_return_s or 0.0), s.id))
-        headroom = dict(snapshot.tenant_headroom) if snapshot.tenant_headroom is not None else None
-        if headroom is not None:
-            for i in np.nonzero(choice >= 0)[0].tolist():
-                t = by_id[ids[i]].tenant
-                if t in headroom:
-                    headroom[t] -= 1
         choice = choice.copy()
         held_since = {i: by_id[ids[i]].waiting_since_s for i in left}
+        # tenant headroom needs no count here: ``ids`` are the pool rows ``apply_headroom`` kept,
+        # so the DP's admissions and these loans together stay within it
         for i in sorted(left, key=lambda i: (held_since[i] if held_since[i] is not None else now, ids[i])):
             b = by_id[ids[i]]
-            if headroom is not None and headroom.get(b.tenant, 1) <= 0:
-                continue
             best: tuple[float, str, int, tuple[SessionState, ...]] | None = None
             for j, r in enumerate(replicas):
                 if not open_[j] or not r.serves(b):
@@ -621,8 +616,6 @@ class TaoPolicy:
             running[j] += 1
             running_kv[j] += b.footprint_tokens
             self._loans[b.id] = _Loan(rid, tuple(s.id for s in taken_lenders))
-            if headroom is not None and b.tenant in headroom:
-                headroom[b.tenant] -= 1
         return choice
 
     def _seniority_tier(self, snapshot: Snapshot, ids: list[str], values: Values) -> IntArray:
