@@ -44,29 +44,28 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A port that is free now, outside the kernel's ephemeral range, and not
     handed out before by this process."""
     lo_eph, hi_eph = _ephemeral_range()
-    low, high = _LOW, _HIGH
-    if not (high < lo_eph or low > hi_eph):  # unusual kernel setting: fall back to the kernel's pick
+    if not (_HIGH < lo_eph or _LOW > hi_eph):  # unusual kernel setting: fall back to the kernel's pick
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
             return int(s.getsockname()[1])
-    with _lock:
-        for _ in range(2000):
-            port = _rng.randint(low, high)
-            if port in _handed_out or not _bindable(port, host):
-                continue
-            _handed_out.add(port)
-            return port
-    raise RuntimeError(f"no free port in {low}-{high} on {host}")
+    return _draw(host, (0,))
 
 
 def free_port_pair(offset: int = 10000, host: str = "127.0.0.1") -> int:
     """A port like ``free_port`` whose ``port + offset`` is free and below the ephemeral range
     too (a Redis Cluster node listens on both: its cluster bus is the port + 10000)."""
+    return _draw(host, (0, offset))
+
+
+def _draw(host: str, offsets: tuple[int, ...]) -> int:
+    """A random port below the ephemeral range such that ``port + o`` is bindable and not handed
+    out before for every ``o`` in ``offsets``; all of them are handed out."""
     with _lock:
         for _ in range(2000):
-            port = _rng.randint(_LOW, _HIGH - offset)
-            if {port, port + offset} & _handed_out or not (_bindable(port, host) and _bindable(port + offset, host)):
+            port = _rng.randint(_LOW, _HIGH - max(offsets))
+            ports = {port + o for o in offsets}
+            if ports & _handed_out or not all(_bindable(p, host) for p in ports):
                 continue
-            _handed_out.update((port, port + offset))
+            _handed_out.update(ports)
             return port
-    raise RuntimeError(f"no free port pair {offset} apart in {_LOW}-{_HIGH} on {host}")
+    raise RuntimeError(f"no free port (+ {offsets}) in {_LOW}-{_HIGH} on {host}")
