@@ -7,7 +7,9 @@ applied only if it still holds against live state:
   must still be admitted and not re-placed since the snapshot, and (``pause_revalidation``)
   its replica must still be over capacity once the footprints of sessions already leaving
   are subtracted — those paused earlier in this plan and RUNNING ones already marked
-  (``pause_pending``). The planner's snapshot does not say which RUNNING sessions are marked,
+  (``pause_pending``) — and the footprints of this plan's assignments there that still hold
+  are added: a pause that makes room for the plan's own admission (a reclaim: ``tao-ttl``,
+  ``tao-reclaim``) is as needed as one that ends an excess. The planner's snapshot does not say which RUNNING sessions are marked,
   so a policy re-planning while a marked request still runs asks again for the same excess;
   upstream ThunderAgent avoids the same double count with its ``future_paused_tokens``.
   ACTING (and admitted but held) sessions leave at once; RUNNING ones are marked and leave
@@ -47,7 +49,7 @@ def apply_plan(core: RouterCore, now_s: float, plan: PlanDecision) -> ApplyRepor
     paused: list[str] = []
     deferred: list[str] = []
     admitted: list[tuple[str, str]] = []
-    excess = _excess(core) if core.config.pause_revalidation and plan.pauses else None
+    excess = _excess(core, plan) if core.config.pause_revalidation and plan.pauses else None
     for sid in plan.pauses:
         s = core.sessions.get(sid)
         if s is None or not s.admitted:
@@ -85,16 +87,23 @@ def apply_plan(core: RouterCore, now_s: float, plan: PlanDecision) -> ApplyRepor
     return ApplyReport(tuple(admitted), tuple(paused), tuple(deferred), tuple(rejected))
 
 
-def _excess(core: RouterCore) -> dict[str, int]:
-    """Tokens per replica above capacity, counting marked RUNNING sessions as already gone."""
+def _excess(core: RouterCore, plan: PlanDecision) -> dict[str, int]:
+    """Tokens per replica above capacity once the plan's assignments that still hold (all but
+    room) are placed, counting marked RUNNING sessions as already gone."""
     excess = {rid: core.used.get(rid, 0) - core.capacity(rid) for rid in core.replicas}
     for s in core.sessions.values():
         if s.admitted and s.pause_pending and s.replica in excess:
             excess[s.replica] -= s.footprint_tokens
+    for sid, rid in plan.assignments:
+        if rid in excess and _check_assignment(core, sid, rid, plan.snapshot_at_s, room=False) is None:
+            excess[rid] += core.sessions[sid].footprint_tokens
     return excess
 
 
-def _check_assignment(core: RouterCore, sid: str, rid: str, snapshot_at_s: float) -> str | None:
+def _check_assignment(core: RouterCore, sid: str, rid: str, snapshot_at_s: float,
+                      room: bool = True) -> str | None:
+    """Why the assignment cannot be applied now (None: it can); ``room=False`` skips the free-room
+    check (the pauses of the same plan are still to make it)."""
     s = core.sessions.get(sid)
     if s is None:
         return "session unknown or ended"
@@ -117,6 +126,8 @@ def _check_assignment(core: RouterCore, sid: str, rid: str, snapshot_at_s: float
         return f"replica {rid} failed under this session"
     if not rep.serves(s.model):
         return f"replica {rid} does not serve model {s.model}"
+    if not room:
+        return None
     free = core.capacity(rid) - core.used.get(rid, 0)
     if core.config.lend:  # a loan: the reservations of sessions between requests there count too
         free += sum(o.footprint_tokens for o in core.sessions.values()

@@ -217,6 +217,28 @@ def test_pause_revalidation_does_not_pause_twice_for_one_excess() -> None:
     check_invariants(raw)
 
 
+def test_pause_revalidation_keeps_a_pause_that_makes_room_for_the_plans_own_admission() -> None:
+    """A reclaim (``tao-ttl``, ``tao-reclaim``): the replica is within capacity, and the plan pauses
+    an ACTING session to admit a ready one into its room. Counting only the excess (as before)
+    dropped the pause and then the admission for want of room, every plan, so a reclaim
+    happened only while its replica was over capacity anyway."""
+    core = make(replicas=0)
+    core.upsert_replica(rep("r0", kv=2000), 0.0)  # capacity 1900
+    core.arrive(0.0, req("qa", "a", prompt=800, max_tokens=100))
+    admit(core, "a", "r0", 0.0)
+    core.dispatch(0.0)
+    core.finish(1.0, "qa", Usage(800, 100))  # a: ACTING, admitted with 1000 of 1900
+    core.arrive(2.0, req("qc", "c", prompt=1200, max_tokens=100))  # c needs 1300 > 900 free
+    report = core.apply_plan(2.0, PlanDecision((("c", "r0"),), ("a",), 2.0, "t"))
+    assert report.paused == ("a",) and report.admitted == (("c", "r0"),), report
+    assert core.phase(core.sessions["a"]) == "PAUSED"
+    # a pause for an admission that no longer holds (c is admitted already) is not needed
+    stale = core.apply_plan(3.0, PlanDecision((("c", "r0"),), ("c",), 3.0, "t"))
+    assert stale.paused == () and ("c", "pause: replica no longer over capacity") in stale.rejected
+    assert core.sessions["c"].admitted
+    check_invariants(core)
+
+
 def test_replica_failure_before_first_byte_retries_elsewhere_with_zero_credit() -> None:
     core = make(replicas=3, max_attempts=2)
     core.arrive(0.0, req("q1", "s1"))
