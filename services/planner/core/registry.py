@@ -43,7 +43,7 @@ from dataclasses import replace
 from services.planner.core.continuum import ContinuumPolicy
 from services.planner.core.policy import Policy
 from services.planner.core.routers import CacheAwarePolicy, LeastLoadedPolicy, RoundRobinPolicy
-from services.planner.core.tao import TAO, TAO_PAPER, TaoPolicy
+from services.planner.core.tao import TAO, TAO_HOLD, TAO_PAPER, TaoPolicy
 from services.planner.core.thunderagent import ThunderAgentPolicy
 from services.planner.core.values import ValueConfig
 
@@ -54,6 +54,7 @@ class UnknownPolicyError(ValueError):
 
 POLICIES: dict[str, Callable[[], Policy]] = {
     "tao": lambda: TaoPolicy("tao", TAO),
+    "tao-hold": lambda: TaoPolicy("tao-hold", TAO_HOLD),
     "tao-paper": lambda: TaoPolicy("tao-paper", TAO_PAPER),
     "tao-no-decay": lambda: TaoPolicy("tao-no-decay", replace(TAO_PAPER, values=ValueConfig(half_life_s=None))),
     "tao-no-readiness": lambda: TaoPolicy("tao-no-readiness",
@@ -61,19 +62,19 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "tao-bfd": lambda: TaoPolicy("tao-bfd", replace(TAO_PAPER, placement="bfd")),
     "tao-ta-pause": lambda: TaoPolicy("tao-ta-pause", replace(TAO_PAPER, pause_order="thunderagent")),
     "sjf": lambda: TaoPolicy("sjf", replace(TAO_PAPER, placement="sjf")),
-    "tao-belady": lambda: TaoPolicy("tao-belady", replace(TAO, pause_order="belady")),
-    "tao-small-pause": lambda: TaoPolicy("tao-small-pause", replace(TAO, pause_order="smallest")),
-    "tao-no-spread": lambda: TaoPolicy("tao-no-spread", replace(TAO, spread=False)),
-    "tao-senior": lambda: TaoPolicy("tao-senior", replace(TAO, objective="senior")),
-    "tao-fast": lambda: TaoPolicy("tao-fast", replace(TAO, fast_admit=True)),
-    "tao-reclaim": lambda: TaoPolicy("tao-reclaim", replace(TAO, reclaim=True)),
-    "tao-ttl": lambda: TaoPolicy("tao-ttl", replace(TAO, ttl=True)),
-    "tao-ttl-long": lambda: TaoPolicy("tao-ttl-long", replace(TAO, ttl=True, ttl_min_remaining_s=10.0)),
-    "tao-ttl-turn": lambda: TaoPolicy("tao-ttl-turn", replace(TAO, ttl=True, ttl_turn=True)),
-    "tao-hold-cost": lambda: TaoPolicy("tao-hold-cost", replace(TAO, reclaim=True, hold_cost=True)),
-    "tao-overcommit": lambda: TaoPolicy("tao-overcommit", replace(TAO, overcommit=True)),
-    "tao-ttl-q": lambda: TaoPolicy("tao-ttl-q", replace(TAO, ttl=True, ttl_queue=True)),
-    "tao-lend": lambda: TaoPolicy("tao-lend", replace(TAO, lend=True)),
+    "tao-belady": lambda: TaoPolicy("tao-belady", replace(TAO_HOLD, pause_order="belady")),
+    "tao-small-pause": lambda: TaoPolicy("tao-small-pause", replace(TAO_HOLD, pause_order="smallest")),
+    "tao-no-spread": lambda: TaoPolicy("tao-no-spread", replace(TAO_HOLD, spread=False)),
+    "tao-senior": lambda: TaoPolicy("tao-senior", replace(TAO_HOLD, objective="senior")),
+    "tao-fast": lambda: TaoPolicy("tao-fast", replace(TAO_HOLD, fast_admit=True)),
+    "tao-reclaim": lambda: TaoPolicy("tao-reclaim", replace(TAO_HOLD, reclaim=True)),
+    "tao-ttl": lambda: TaoPolicy("tao-ttl", replace(TAO_HOLD, ttl=True)),
+    "tao-ttl-long": lambda: TaoPolicy("tao-ttl-long", replace(TAO_HOLD, ttl=True, ttl_min_remaining_s=10.0)),
+    "tao-ttl-turn": lambda: TaoPolicy("tao-ttl-turn", TAO),  # the lever that became ``tao`` (2026-12-03)
+    "tao-hold-cost": lambda: TaoPolicy("tao-hold-cost", replace(TAO_HOLD, reclaim=True, hold_cost=True)),
+    "tao-overcommit": lambda: TaoPolicy("tao-overcommit", replace(TAO_HOLD, overcommit=True)),
+    "tao-ttl-q": lambda: TaoPolicy("tao-ttl-q", replace(TAO_HOLD, ttl=True, ttl_queue=True)),
+    "tao-lend": lambda: TaoPolicy("tao-lend", replace(TAO_HOLD, lend=True)),
     "round_robin": RoundRobinPolicy,
     "least_loaded": LeastLoadedPolicy,
     "cache_aware": CacheAwarePolicy,

@@ -1,9 +1,12 @@
 """TAO's policies, their ablations, and the shortest-job-first baseline (all admission-gating).
 
 Two configurations of one ``TaoPolicy`` (docs/algorithms.md#policies-tao-and-tao-paper):
-``TAO_PAPER`` is the TAO paper's policy (objective (Σk, Σr, Σf), pause at once); ``TAO``, the
-shipped ``tao``, ranks readiness first (Σr, Σk, Σf), pauses with 5 % hysteresis and spreads
-placement ties by compute load. Both run the machinery below unchanged.
+``TAO_PAPER`` is the TAO paper's policy (objective (Σk, Σr, Σf), pause at once); ``TAO_HOLD``
+ranks readiness first (Σr, Σk, Σf), pauses with 5 % hysteresis and spreads placement ties by
+compute load, and holds an admitted session's KV for its whole tool call (``tao-hold``, the
+shipped ``tao`` until 2026-12-03); ``TAO``, the shipped ``tao``, is ``TAO_HOLD`` that takes a
+tool's KV back when its Continuum TTL has run out and it is predicted to outlast the turn of a
+ready session left out on its replica (``ttl``, ``ttl_turn``). All run the machinery below.
 
 TAO (docs/algorithms.md): fold credit/readiness/footprint into the value matrix, pause on
 over-capacity replicas in ascending value order, then solve selection + placement of the
@@ -43,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -166,16 +169,27 @@ TAO_PAPER = TaoConfig(spread=True)
 """The TAO paper's policy: (Σk, Σr, Σf) by the DP, pauses by ascending value; placement ties
 broken by compute load (spread.py), which the paper leaves open."""
 
-TAO = TaoConfig(objective="ready-first", pause_tolerance=0.05, spread=True)
-"""The shipped ``tao`` policy (docs/algorithms.md#policies-tao-and-tao-paper): the paper's DP,
-values and pause order, with three changes measured on the simulator grid:
+TAO_HOLD = TaoConfig(objective="ready-first", pause_tolerance=0.05, spread=True)
+"""``tao-hold``, the shipped ``tao`` until 2026-12-03 and the base of the levers
+(docs/algorithms.md#policies-tao-and-tao-paper): the paper's DP, values and pause order, with
+three changes measured on the simulator grid:
 - ready-first objective (Σr, Σk, Σf): a session that can use the GPU now outranks a warm cache
   whose tool is still running (the paper's Σk-first order re-admits paused sessions with warm
   credit while their tools run, holding KV that ready sessions wait for);
 - pause hysteresis of 5 % of capacity: footprints are reservations that include estimated
   output and next append, so a small excess is usually not real KV pressure; pausing at once
   paused 3x as often as ThunderAgent and cost prefix hits (91.3 vs 93.6 %);
-- compute-load spreading as the last tie-break (spread.py)."""
+- compute-load spreading as the last tie-break (spread.py).
+
+It holds an admitted session's KV reservation for as long as its tool runs."""
+
+TAO = replace(TAO_HOLD, ttl=True, ttl_turn=True)
+"""The shipped ``tao`` policy: ``TAO_HOLD`` plus the TTL reclaim bounded by the turn time (the
+``tao-ttl-turn`` lever until 2026-12-03; docs/benchmarks.md#the-reclaim-that-never-happened-plan-revalidation-fixed):
+a ready pool session the DP leaves out may take the reservation of admitted ACTING sessions whose
+Continuum TTL has run out (``ttl_expired``) and whose tool is predicted to run longer than the
+shortest predicted turn (``turn_s``) of the ready sessions left out on their replica (``lends``);
+dropped incumbents are paused, fewest first, readiness still ranking first (``TaoPolicy._reclaim``)."""
 
 
 def ttl_s(session: SessionState, now_s: float, model: ContinuumConfig, queue_delay_s: float = 0.0) -> float:

@@ -46,7 +46,7 @@ def test_lends_when_the_lenders_tool_outlasts_the_borrowers_turn() -> None:
     plan = make_policy("tao-lend").plan(snap(lender(the_turn() + 1.0), borrower()))
     assert [(a.session, a.replica) for a in plan.assignments] == [("borrower", "r0")]
     assert plan.pauses == ()
-    assert make_policy("tao").plan(snap(lender(the_turn() + 1.0), borrower())).assignments == ()
+    assert make_policy("tao-hold").plan(snap(lender(the_turn() + 1.0), borrower())).assignments == ()
 
 
 def test_does_not_lend_when_the_tool_returns_before_the_turn_ends() -> None:
@@ -77,4 +77,4 @@ def test_the_borrower_is_paused_first_and_the_lender_keeps_its_reservation() -> 
                            context_tokens=29_500)
     later = snap(lender(590.0), running, used=120_000, running=1)
     assert policy.plan(later).pauses == ("borrower",)  # marked: it leaves when its request ends
-    assert make_policy("tao").plan(later).pauses == ("lender",)  # by value the lender would go
+    assert make_policy("tao-hold").plan(later).pauses == ("lender",)  # by value the lender would go

@@ -92,7 +92,7 @@ def _reclaim_snapshot(incumbent_ready: bool, pool_ready: bool) -> Snapshot:
 
 def test_reclaim_takes_a_tool_reservation_back_for_a_ready_session() -> None:
     snap = _reclaim_snapshot(incumbent_ready=False, pool_ready=True)
-    assert make_policy("tao").plan(snap).assignments == ()  # the shipped policy leaves it waiting
+    assert make_policy("tao-hold").plan(snap).assignments == ()  # the holding policy leaves it waiting
     plan = make_policy("tao-reclaim").plan(snap)
     assert plan.pauses == ("tool",)
     assert [(a.session, a.replica) for a in plan.assignments] == [("next", "r0")]
@@ -133,7 +133,7 @@ def _ttl_snapshot(now: float, context: int, tool_return: float | None) -> Snapsh
 def test_ttl_takes_back_a_long_tool_whose_context_is_cheap_to_reload() -> None:
     # Tool predicted to run 60 s; reloading 700 tokens takes ~0.04 s: TTL 0, reclaim at once.
     snap = _ttl_snapshot(101.0, 700, 160.0)
-    assert make_policy("tao").plan(snap).assignments == ()
+    assert make_policy("tao-hold").plan(snap).assignments == ()
     plan = make_policy("tao-ttl").plan(snap)
     assert plan.pauses == ("tool",)
     assert [(a.session, a.replica) for a in plan.assignments] == [("next", "r0")]
