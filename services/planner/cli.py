@@ -23,6 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="snapshot JSON (docs/architecture.md#snapshot-and-plan-json); '-' reads standard input")
     parser.add_argument("--policy", default="tao",
                         help=f"registered policy (default tao): {', '.join(sorted(POLICIES))}")
+    parser.add_argument("--engine-profile", default=None,
+                        help="engine profile whose prefill/decode time fits the policy uses (default: qwen3-32b-h100x2's)")
     parser.add_argument("--explain", metavar="SESSION", action="append", default=[],
                         help="also explain why SESSION is (not) admitted (repeatable)")
     parser.add_argument("--compact", action="store_true", help="print the plan on one line")
@@ -48,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
     except SnapshotError as exc:
         return _fail(f"bad snapshot {source}: {exc}")
     try:
-        policy = make_policy(args.policy)
-    except UnknownPolicyError as exc:
+        policy = make_policy(args.policy, engine_profile=args.engine_profile)
+    except (UnknownPolicyError, ValueError) as exc:
         return _fail(str(exc))
     plan = timed_plan(policy, snapshot)
     out: dict[str, Any] = plan.to_json()

@@ -78,6 +78,8 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=None, help=f"placement policy: {', '.join(sorted(POLICIES))}")
     parser.add_argument("--tick-s", type=float, default=None, help="periodic re-plan period (default 1 s)")
     parser.add_argument("--debounce-s", type=float, default=None, help="pool-change debounce (default 0.05 s)")
+    parser.add_argument("--engine-profile", default=None,
+                        help="engine profile whose prefill/decode time fits the policy uses (default: qwen3-32b-h100x2's)")
 
 
 def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -85,4 +87,5 @@ def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "policy": getattr(args, "policy", None),
         "tick_s": getattr(args, "tick_s", None),
         "debounce_s": getattr(args, "debounce_s", None),
+        "engine_profile": getattr(args, "engine_profile", None),
     }

@@ -107,7 +107,7 @@ class PlannerService:
         self.log = log
         self.metrics = PlannerMetrics(registry)
         self.source = SnapshotSource(redis, settings, clock.unix)
-        self.policy: Policy = make_policy(settings.policy)
+        self.policy: Policy = make_policy(settings.policy, engine_profile=settings.engine_profile)
         self.revisions = RevisionCounter(self.lease.epoch)
         self.last: Published | None = None
         self._lock = asyncio.Lock()
@@ -248,7 +248,7 @@ class PlannerService:
 
     async def solve(self, snapshot: Snapshot, policy_name: str) -> Plan:
         try:
-            policy = make_policy(policy_name or self.settings.policy)
+            policy = make_policy(policy_name or self.settings.policy, engine_profile=self.settings.engine_profile)
         except UnknownPolicyError as exc:
             raise InvalidArgument(str(exc)) from exc
         return await asyncio.to_thread(timed_plan, policy, snapshot)

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.common.settings import LeaderElectionSettings
+from services.planner.core.fits import ENGINE_FITS
 from services.planner.core.registry import POLICIES
 
 
@@ -21,6 +22,10 @@ class Settings(LeaderElectionSettings):
     service_name: ClassVar[str] = "planner"
 
     policy: str = Field(default="tao", description="policy from the registry that plans published rounds")
+    engine_profile: str | None = Field(
+        default=None,
+        description="engine profile whose prefill and decode time fits the policy uses (services/planner/core/fits.py; "
+                    "default: qwen3-32b-h100x2's)")
     tick_s: float = Field(default=1.0, gt=0.0, le=3600.0, description="periodic re-plan period")
     debounce_s: float = Field(default=0.05, ge=0.0, le=60.0,
                               description="after a pool change, wait this long for more before planning")
@@ -31,6 +36,13 @@ class Settings(LeaderElectionSettings):
     use_tenant_headroom: bool = Field(default=True,
                                       description="cap new admissions per tenant at budget cap minus in flight")
     watch_queue_size: int = Field(default=64, ge=1, le=10_000, description="plans buffered per slow watcher")
+
+    @field_validator("engine_profile")
+    @classmethod
+    def _known_engine_profile(cls, value: str | None) -> str | None:
+        if value is not None and value not in ENGINE_FITS:
+            raise ValueError(f"no engine fits for profile {value!r}; choose one of: {', '.join(sorted(ENGINE_FITS))}")
+        return value
 
     @field_validator("policy")
     @classmethod

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from services.common.ports import free_port
 from services.common.testing import find_redis_binary
+from services.planner.core.fits import ENGINE_FITS
 from services.router.replicas import replica_id_for
 from services.up.procs import Child, Supervisor, check_port_free, tao_argv
 
@@ -210,7 +211,8 @@ class Stack:
         self.ports.update({f"{name}_metrics": port for name, port in mports.items()})
         children = {
             "planner": self._service("planner", ports["planner"], urls["planner"], "--policy", cfg.policy,
-                                     "--metrics-port", str(mports["planner"])),
+                                     "--metrics-port", str(mports["planner"]),
+                                     *(("--engine-profile", cfg.profile) if cfg.profile in ENGINE_FITS else ())),
             "predictor": self._service("predictor", ports["predictor"], urls["predictor"],
                                        "--metrics-port", str(mports["predictor"])),
             "budget": self._service("budget", ports["budget"], urls["budget"], "--metrics-port", str(mports["budget"])),

@@ -8,7 +8,8 @@ runs every registered name through the same invariants.
 
 | name             | gates | sees                                        | decides                                          | source |
 |------------------|-------|---------------------------------------------|--------------------------------------------------|--------|
-| tao              | yes   | decayed credit (h = 10 s), readiness, footprint, free capacity, compute load | pauses by ascending value past 5 % over capacity; admission+placement by the DP on (Σr, Σk, Σf); ties spread by compute load | this project (docs/algorithms.md#policies-tao-and-tao-paper) |
+| tao              | yes   | decayed credit (h = 10 s), readiness, footprint, free capacity, compute load, predicted tool returns, context tokens, requests running per replica | as tao-hold, and a ready session left out may take the reservation of admitted ACTING sessions whose Continuum TTL has run out and whose tool is predicted to outlast the shortest predicted turn of the ready sessions left out on that replica (the DP drops the fewest) | this project (docs/algorithms.md#policies-tao-and-tao-paper) |
+| tao-hold         | yes   | decayed credit (h = 10 s), readiness, footprint, free capacity, compute load | pauses by ascending value past 5 % over capacity; admission+placement by the DP on (Σr, Σk, Σf); ties spread by compute load; a tool's KV held while it runs (the shipped tao until 2026-12-03; the base of the tao-* levers below, whose "as tao" means as tao-hold) | this project |
 | tao-paper        | yes   | decayed credit (h = 10 s), readiness, footprint, free capacity | pauses by ascending value; admission+placement by the capacity-state DP (lexicographic Σk, Σr, Σf); ties spread by compute load | the TAO paper |
 | tao-no-decay     | yes   | as tao-paper, credit k = k0                  | as tao-paper                                     | TAO paper ablation |
 | tao-no-readiness | yes   | as tao-paper, r = 0                          | as tao-paper                                     | TAO paper ablation |
@@ -23,7 +24,7 @@ runs every registered name through the same invariants.
 | tao-ttl          | yes   | as tao, plus predicted tool return times and context tokens | as tao-reclaim, but only from sessions whose Continuum TTL (d·ln(B/d), B = prefill reload) has run out | tao lever (Continuum's TTL inside TAO's objective, arXiv 2511.02230) |
 | tao-ttl-q        | yes   | as tao-ttl, plus the pool waits of the sessions it reclaimed | as tao-ttl, with Continuum's queueing term T·η in the TTL's benefit | tao lever (arXiv 2511.02230 §4.2) |
 | tao-ttl-long     | yes   | as tao-ttl                                   | as tao-ttl, only from tools predicted to run ≥ 10 s more | tao lever |
-| tao-ttl-turn     | yes   | as tao-ttl, plus requests running per replica | as tao-ttl, only from tools predicted to run longer than the shortest predicted turn of the ready sessions left out on that replica (tao-lend's turn) | tao lever |
+| tao-ttl-turn     | yes   | as tao                                       | the same policy as tao (the lever's name before it was shipped) | tao lever, shipped |
 | tao-hold-cost    | yes   | as tao-reclaim, plus how long left-out sessions were held and context tokens | as tao-reclaim, and once a held session has waited the prefill time of an ACTING incumbent's context, that incumbent's reservation may be taken even if its tool is predicted back | tao lever (ski rental: hold vs recompute) |
 | tao-overcommit   | yes   | as tao                                       | as tao, and the router admits a pool session whose request was held as long as its prompt's prefill takes, over capacity (≤ 1.4×), into the reservations of sessions idle at least as long as their own prefill | tao lever (ski rental: hold vs recompute) |
 | tao-lend         | yes   | as tao, plus predicted tool return times, context tokens, requests running per replica | as tao, and a ready session left out may be admitted into the reservations of ACTING sessions whose tool is predicted to return after its turn (prefill of its uncached prompt + decode at the replica's step time) ends; it is paused first, so it gives them back when its request ends | tao lever (prediction-based lending) |
@@ -41,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from services.planner.core.continuum import ContinuumPolicy
+from services.planner.core.fits import engine_fits
 from services.planner.core.policy import Policy
 from services.planner.core.routers import CacheAwarePolicy, LeastLoadedPolicy, RoundRobinPolicy
 from services.planner.core.tao import TAO, TAO_HOLD, TAO_PAPER, TaoPolicy
@@ -83,12 +85,23 @@ POLICIES: dict[str, Callable[[], Policy]] = {
 }
 
 
-def make_policy(name: str) -> Policy:
-    """A fresh instance of the policy registered as ``name``."""
+def make_policy(name: str, engine_profile: str | None = None) -> Policy:
+    """A fresh instance of the policy registered as ``name``; with ``engine_profile``, the TAO
+    policies and Continuum estimate prefill and decode times by that profile's fits
+    (``fits.ENGINE_FITS``; ValueError for a profile without fits), else by qwen3-32b-h100x2's."""
     try:
         factory = POLICIES[name]
     except KeyError:
         raise UnknownPolicyError(
             f"unknown policy {name!r}; registered: {', '.join(sorted(POLICIES))}"
         ) from None
-    return factory()
+    policy = factory()
+    if engine_profile is None:
+        return policy
+    fits = engine_fits(engine_profile)
+    if isinstance(policy, TaoPolicy):
+        cfg = policy.config
+        return type(policy)(policy.name, replace(cfg, ttl_model=fits.prefill(cfg.ttl_model), decode_model=fits.decode))
+    if isinstance(policy, ContinuumPolicy):
+        return ContinuumPolicy(policy.name, fits.prefill(policy.config))
+    return policy

@@ -20,24 +20,18 @@ re-tuned TAO and not a global optimum of task latency (no policy here is).
 
 from __future__ import annotations
 
-from services.planner.core.model import Plan, Snapshot
 from services.planner.core.registry import POLICIES
-from services.planner.core.tao import TAO, TaoPolicy
+from services.planner.core.tao import TAO, TaoConfig, TaoPolicy
 
 
-class OraclePolicy:
-    """TAO's DP on ground-truth snapshots (see module docstring)."""
+class OraclePolicy(TaoPolicy):
+    """TAO's DP on ground-truth snapshots (see module docstring): ``tao`` itself, which the
+    simulator feeds the truth because of ``uses_ground_truth``."""
 
-    name = "oracle"
-    gates_admission = True
-    sticky = True
     uses_ground_truth = True
 
-    def __init__(self) -> None:
-        self._tao = TaoPolicy("oracle", TAO)
-
-    def plan(self, snapshot: Snapshot) -> Plan:
-        return self._tao.plan(snapshot)
+    def __init__(self, name: str = "oracle", config: TaoConfig = TAO) -> None:
+        super().__init__(name, config)
 
 
 def register() -> None:
