@@ -11,7 +11,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.common.settings import LeaderElectionSettings
-from services.planner.core.fits import ENGINE_FITS
+from services.planner.core.fits import engine_fits
 from services.planner.core.registry import POLICIES
 
 
@@ -40,8 +40,8 @@ class Settings(LeaderElectionSettings):
     @field_validator("engine_profile")
     @classmethod
     def _known_engine_profile(cls, value: str | None) -> str | None:
-        if value is not None and value not in ENGINE_FITS:
-            raise ValueError(f"no engine fits for profile {value!r}; choose one of: {', '.join(sorted(ENGINE_FITS))}")
+        if value is not None:
+            engine_fits(value)  # ValueError naming the profiles that have fits
         return value
 
     @field_validator("policy")

@@ -9,8 +9,9 @@ applied only if it still holds against live state:
   are subtracted — those paused earlier in this plan and RUNNING ones already marked
   (``pause_pending``) — and the footprints of this plan's assignments there that still hold
   are added: a pause that makes room for the plan's own admission (a reclaim: ``tao-ttl``,
-  ``tao-reclaim``) is as needed as one that ends an excess. The planner's snapshot does not say which RUNNING sessions are marked,
-  so a policy re-planning while a marked request still runs asks again for the same excess;
+  ``tao-reclaim``) is as needed as one that ends an excess. The planner's snapshot does not
+  say which RUNNING sessions are marked, so a policy re-planning while a marked request
+  still runs asks again for the same excess;
   upstream ThunderAgent avoids the same double count with its ``future_paused_tokens``.
   ACTING (and admitted but held) sessions leave at once; RUNNING ones are marked and leave
   when their request ends — nothing in flight is ever cut;
