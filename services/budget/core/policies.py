@@ -218,8 +218,7 @@ class DynamicPolicy:
         weights = {t.name: t.weight * (p.slo_boost if t.name in boosted else 1.0) for t in config.tenants}
         share = static_targets(config)
         peak, idle, gaps = self._burst_memory(state, observed, share)
-        dt_ms = max(0, round(1000 * (state.now_s - prev.computed_at_s))) if prev else 0
-        reserve, guarded, _lending = self._reserve(config, observed, share, peak, idle, gaps, dt_ms)
+        reserve, guarded, _lending = self._reserve(config, observed, share, peak, idle, gaps)
         for n in guarded:
             notes[n] = notes.get(n, "") + f"; p99 guard: keeps its static share {reserve[n]}"
         if boosted:  # an admission-limited SLO violation outranks other tenants' reserves
@@ -290,14 +289,18 @@ class DynamicPolicy:
 
     def _reserve(
         self, config: BudgetConfig, observed: Mapping[str, TenantObservation], share: Mapping[str, int],
-        peak: Mapping[str, int], idle: Mapping[str, int], gaps: Mapping[str, int], dt_ms: int,
+        peak: Mapping[str, int], idle: Mapping[str, int], gaps: Mapping[str, int],
     ) -> tuple[dict[str, int], list[str], list[str]]:
         """Slots each tenant keeps whatever its current demand: ``burst_reserve_frac`` of its
         burst peak plus headroom, never above its static share (its whole share until it has shown a gap);
         its whole static share under the p99 guard; nothing while it is idle early enough in its
-        shortest known gap (gap lending): lent slots are refilled until the next tick (``dt_ms``
-        away) and a request started then may keep its slot ``lend_horizon_s``, so the tenant's
-        gap must last at least that much longer.
+        shortest known gap (gap lending). The gap is what was surely idle, from the first tick
+        that saw the tenant idle to the last one, so idle - dt of it has passed (``idle`` counts the
+        tick interval dt before the first idle tick too); lent slots are refilled until the next
+        tick, about dt away, and a request started then may keep its slot ``lend_horizon_s``:
+        lent while gap - (idle - dt) >= dt + lend_horizon_s, i.e. gap - idle >= lend_horizon_s.
+        (Until 2026-12-03 dt was subtracted once more: lending stopped a tick earlier than the
+        gap required.)
         Returns (reserve, guarded tenants, lending tenants)."""
         p = self.params
         # until a tenant has shown one whole burst and gap, its pattern is unknown: it keeps its share
@@ -313,7 +316,7 @@ class DynamicPolicy:
                 reserve[n] = share[n]
                 guarded.append(n)
             elif (p.lend_horizon_s > 0 and obs is not None and obs.demand == 0 and idle[n] > 0 and n in gaps
-                  and gaps[n] - idle[n] - dt_ms + LEND_JITTER_MS >= 1000 * p.lend_horizon_s):
+                  and gaps[n] - idle[n] + LEND_JITTER_MS >= 1000 * p.lend_horizon_s):
                 reserve[n] = math.floor((1 - p.lend_frac) * reserve[n])
                 lending.append(n)
         return reserve, guarded, lending

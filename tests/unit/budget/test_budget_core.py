@@ -206,17 +206,20 @@ def test_gap_lending_lends_early_in_the_gap_and_calls_the_reserve_back() -> None
     busy = _burst_then_idle(model, 2, 0)
     # A's reserve is now its burst peak plus headroom (40 + 4): B may use the other 4 slots
     assert busy[-1].min_gap_ms["A"] == 12_000 and busy[-1].caps["A"] == 44
-    # the next gap: A's reserve is lent while its shortest gap lasts >= 6 s beyond the next tick
-    # (idle 2, 4 s: lent slots are refilled until the next tick)
+    # the next gap: A's reserve is lent while the rest of its shortest gap lasts >= 6 s beyond
+    # the next tick (lent slots are refilled until then): at idle 2, 4 and 6 s (since the first
+    # idle tick 0, 2, 4 s: 12, 10, 8 s of the gap left; a request admitted by the next tick ends
+    # by 8, 10, 12 s)
     model.finish("A", model.in_flight["A"])
     model.set_demand("A", 0)
     lent = []
-    for _ in range(2):
+    for _ in range(3):
         alloc = model.tick()
         lent.append(alloc.caps["A"])
-    assert lent == [20, 4], lent  # one step (B/4) per tick toward B, down to A's floor
+    assert lent == [20, 4, 4], lent  # one step (B/4) per tick toward B, down to A's floor
     assert model.in_flight["B"] == 92
-    # idle 6 s: the gap ends within 6 s of the next tick: the reserve is called back
+    assert alloc.targets["A"] == 4, "still lending at idle 6 s: 6 s of the gap left after the next tick"
+    # idle 8 s: a request admitted before the next tick could outlast the gap: called back
     recall = model.tick()
     assert recall.limits == {"A": 28, "B": 68} and recall.caps == {"A": 4, "B": 92}, "drain, no preemption"
     assert any(d.kind == "drain" and "calls back its burst reserve" in d.reason for d in recall.decisions)
