@@ -213,8 +213,10 @@ async def test_burst_reserve_gap_lending_and_memory_survive_a_restart(redis_url:
     again = Harness(redis_url, clock)  # restarted: the gap and the idle time come back from Redis
     async with serve_in_process("budget", again.app, again.settings):
         await again.demand(A=(0, 0), B=(500, 87))
-        assert await again.tick() == {"A": 9, "B": 87}, "B's busy slots are not preempted"
+        assert await again.tick() == {"A": 4, "B": 92}, "idle 4 s of a 10 s gap: 8 s of it left, still lent"
+        await again.demand(A=(0, 0), B=(500, 92))
+        assert await again.tick() == {"A": 4, "B": 92}, "B's busy slots are not preempted"
         svc = again.app.service
         assert svc is not None and svc.record is not None
-        assert svc.record.limits == {"A": 33, "B": 63}, "idle 4 s of a 10 s gap: the reserve is called back"
+        assert svc.record.limits == {"A": 28, "B": 68}, "idle 6 s of a 10 s gap: the reserve is called back"
     await again.redis.aclose()
