@@ -189,12 +189,18 @@ def plan_pauses(snapshot: Snapshot, order: str, values: ValueConfig = FULL_VALUE
     return PauseResult(tuple(pauses), freed)
 
 
-def free_after_pauses(replicas: Sequence[ReplicaState], freed: dict[str, int]) -> np.ndarray:
-    """Tokens admissible per replica (0 for unhealthy), as int64."""
+def room_after_pauses(replicas: Sequence[ReplicaState], freed: dict[str, int]) -> np.ndarray:
+    """Capacity left per replica once ``freed`` is paused, negative while a replica stays over
+    capacity (within a pause tolerance); 0 for unhealthy ones; int64."""
     return np.array(
-        [max(0, r.capacity_tokens - r.used_tokens + freed.get(r.id, 0)) if r.healthy else 0 for r in replicas],
+        [r.capacity_tokens - r.used_tokens + freed.get(r.id, 0) if r.healthy else 0 for r in replicas],
         dtype=np.int64,
     )
+
+
+def free_after_pauses(replicas: Sequence[ReplicaState], freed: dict[str, int]) -> np.ndarray:
+    """Tokens admissible per replica (``room_after_pauses`` floored at 0), as int64."""
+    return np.maximum(room_after_pauses(replicas, freed), 0)
 
 
 def full_objective(snapshot: Snapshot, assignments: Iterable[Assignment]) -> Objective:

@@ -73,7 +73,10 @@ def spread(choice: npt.NDArray[np.int64], values: Values, eligible: npt.NDArray[
         load_total[j] -= 1
         rem[j] += need
         credit = values.credit[i]
-        same = np.nonzero(eligible[i] & (credit == credit[j]) & (rem >= need))[0]
+        # a row may always stay where it is (``TaoPolicy._reclaim`` keeps the incumbents of a
+        # replica left over capacity within the pause band, where rem < need for them)
+        stay = np.arange(rem.shape[0]) == j
+        same = np.nonzero((eligible[i] & (credit == credit[j]) & (rem >= need)) | stay)[0]
         best = min(same.tolist(), key=lambda c: (load_busy[c], load_total[c], -int(rem[c]), c))
         out[i] = best
         load_busy[best] += ready

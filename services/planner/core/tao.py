@@ -60,10 +60,10 @@ from services.planner.core.policy import (
     Stopwatch,
     apply_headroom,
     elapsed_ms,
-    free_after_pauses,
     full_objective,
     plan_pauses,
     pool_candidates,
+    room_after_pauses,
     serving_mask,
     sorted_replicas,
     start_time,
@@ -398,7 +398,8 @@ class TaoPolicy:
         borrowers = self._settle_loans(snapshot) if cfg.lend else frozenset()
         paused = plan_pauses(snapshot, cfg.pause_order, cfg.values, cfg.pause_tolerance, first=borrowers)
         paused_ids = frozenset(paused.pauses)
-        free = free_after_pauses(replicas, paused.freed_tokens)
+        room = room_after_pauses(replicas, paused.freed_tokens)
+        free = np.maximum(room, 0)
         pool = pool_candidates(snapshot)
         values = fold_values(snapshot.now_s, pool, replicas, cfg.values)
         healthy = np.array([r.healthy for r in replicas], dtype=np.bool_)
@@ -424,7 +425,7 @@ class TaoPolicy:
         choice = solved.choice
         pauses = paused.pauses
         if cfg.reclaim or cfg.ttl or cfg.hold_cost:
-            reclaimed = self._reclaim(snapshot, replicas, healthy, paused_ids, values, free, ids, choice)
+            reclaimed = self._reclaim(snapshot, replicas, healthy, paused_ids, values, room, ids, choice)
             if reclaimed is not None:
                 solved, values, eligible, free, dropped, kept = reclaimed
                 choice = solved.choice
@@ -464,7 +465,7 @@ class TaoPolicy:
         )
 
     def _reclaim(self, snapshot: Snapshot, replicas: Sequence[ReplicaState], healthy: npt.NDArray[np.bool_],
-                 paused_ids: frozenset[str], values: Values, free: IntArray, ids: list[str],
+                 paused_ids: frozenset[str], values: Values, room: IntArray, ids: list[str],
                  choice: npt.NDArray[np.int64],
                  ) -> tuple[Solved, Values, npt.NDArray[np.bool_], IntArray, tuple[str, ...], frozenset[str]] | None:
         """Take KV reservations back from tools when ready work waits (``TaoConfig.reclaim``).
@@ -517,9 +518,12 @@ class TaoPolicy:
         if not inc:
             return None
         inc_values = fold_values(snapshot.now_s, inc, replicas, cfg.values)
-        freed = free.copy()
+        # from the signed room: a replica left over capacity within the pause tolerance must have
+        # its excess covered before an incumbent's tokens make room (floored at 0 only after)
+        freed = room.copy()
         for s in inc:
             freed[col[s.replica or ""]] += s.footprint_tokens
+        freed = np.maximum(freed, 0)
         n = len(replicas)
         combined = Values(
             credit=np.vstack([values.credit.reshape(m_pool, n), inc_values.credit.reshape(len(inc), n)]),
@@ -543,6 +547,15 @@ class TaoPolicy:
         tier = ready * (m + 1) + incumbent
         solved = self._solve(with_tier(combined, tier, keep_ready=False), eligible, freed,
                              ids + [s.id for s in inc])
+        # a replica left over capacity within the pause band cannot keep every incumbent in
+        # ``freed``; where the solve admits no pool session, its drops would only pay that
+        # excess, which is the pause band's business: keep them there
+        admits = {int(j) for j in solved.choice[:m_pool] if j >= 0}
+        choice = solved.choice.copy()
+        for k, s in enumerate(inc):
+            if choice[m_pool + k] < 0 and col[s.replica or ""] not in admits:
+                choice[m_pool + k] = col[s.replica or ""]
+        solved = dataclasses.replace(solved, choice=choice)
         dropped = tuple(inc[k].id for k in range(len(inc)) if solved.choice[m_pool + k] < 0)
         if not dropped:
             return None

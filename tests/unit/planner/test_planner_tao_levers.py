@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
+
+import pytest
 
 from services.common.core.evidence import CacheEvidence
 from services.planner.core import make_policy
@@ -201,3 +204,59 @@ def test_ttl_long_takes_back_only_a_tool_predicted_to_run_long() -> None:
     plan = make_policy("tao-ttl-long").plan(long)
     assert plan.pauses == ("tool",)
     assert [a.session for a in plan.assignments] == ["next"]
+
+
+def _within_band(next_footprint: int) -> Snapshot:
+    """r0 is 4 % over its 1000 tokens (inside ``tao``'s 5 % pause band, so nothing is paused for
+    the excess): a 700-token tool reservation past its TTL and a 340-token running request; a
+    ready session of ``next_footprint`` waits. Taking the tool back leaves 1000 − 1040 + 700 =
+    660 tokens."""
+    return Snapshot(101.0, (ReplicaState("r0", 1000, 1040),), (
+        S("tool", 700, phase="ACTING", admitted=True, replica="r0", context_tokens=700,
+          acting_since_s=100.0, tool_return_s=160.0),
+        S("run", 340, phase="RUNNING", admitted=True, replica="r0"),
+        S("next", next_footprint, ready=True, phase="WAITING", context_tokens=100),
+    ))
+
+
+@pytest.mark.parametrize("name", ["tao", "tao-reclaim", "tao-ttl", "tao-ttl-long"])
+def test_reclaim_counts_the_excess_a_replica_keeps_inside_the_pause_band(name: str) -> None:
+    # Until 2026-12-03 the reclaim started from the free tokens floored at 0, so it paused the
+    # tool to admit a 680-token session into 660 tokens; the router refused the admission ("no
+    # room") after applying the pause (83 such plans on the grid's GLM c48, seed 0).
+    plan = make_policy(name).plan(_within_band(680))
+    assert plan.pauses == () and plan.assignments == ()
+    fits = make_policy(name).plan(_within_band(650))
+    assert fits.pauses == ("tool",)
+    assert [(a.session, a.replica) for a in fits.assignments] == [("next", "r0")]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_reclaiming_plan_admits_no_more_than_its_own_pauses_make_room_for(seed: int) -> None:
+    """What the router core accepts: on every replica the plan's admissions fit in its capacity
+    less what it holds plus the ACTING reservations the same plan pauses."""
+    rng = random.Random(seed)
+    reps = tuple(ReplicaState(f"r{j}", 1000, 0) for j in range(2))
+    sessions: list[SessionState] = []
+    used = {"r0": 0, "r1": 0}
+    for i in range(rng.randint(2, 6)):
+        rid, f = f"r{rng.randrange(2)}", rng.randrange(100, 500)
+        phase = rng.choice(["ACTING", "ACTING", "RUNNING"])
+        sessions.append(S(f"a{i}", f, phase=phase, admitted=True, replica=rid, context_tokens=f // 2,
+                          acting_since_s=90.0 if phase == "ACTING" else None,
+                          tool_return_s=rng.choice([None, 130.0, 200.0]) if phase == "ACTING" else None))
+        used[rid] += f
+    sessions += [S(f"p{i}", rng.randrange(100, 600), ready=True, phase="WAITING", context_tokens=50)
+                 for i in range(rng.randint(1, 4))]
+    # each replica's capacity just below or above what it holds, often inside the 5 % pause band
+    reps = tuple(replace(r, used_tokens=used[r.id], capacity_tokens=max(100, round(used[r.id] / rng.uniform(0.97, 1.049))))
+                 for r in reps)
+    snap = Snapshot(100.0, reps, tuple(sessions))
+    by_id = {s.id: s for s in sessions}
+    for name in ("tao", "tao-reclaim", "tao-ttl", "tao-hold-cost"):
+        plan = make_policy(name).plan(snap)
+        for r in reps:
+            freed = sum(by_id[p].footprint_tokens for p in plan.pauses
+                        if by_id[p].replica == r.id and by_id[p].phase == "ACTING")
+            taken = sum(by_id[a.session].footprint_tokens for a in plan.assignments if a.replica == r.id)
+            assert taken <= max(0, r.capacity_tokens - r.used_tokens + freed), (name, r.id, plan)
