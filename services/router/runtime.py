@@ -102,6 +102,8 @@ class RouterRuntime:
             policy=self.policy,
             hold_limit=getattr(self.policy, "hold_limit", None) if self.policy.gates_admission else None,
             over_capacity=float(getattr(self.policy, "over_capacity", 1.0)) if self.policy.gates_admission else 1.0,
+            force_admit_after_s=(getattr(self.policy, "force_admit_after_s", None)
+                                 if self.policy.gates_admission else None),
         )
         self.registry = ReplicaRegistry(
             self._replica_changed, self.clock.now, interval_s=settings.health_interval_s,

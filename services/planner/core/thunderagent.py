@@ -28,8 +28,12 @@ What it decides:
      (never preempted: they pause when their request ends; their tokens count as future
      release). A program resumed in the same tick and chosen for pausing is simply not
      resumed.
-- A request that waited longer than ``force_resume_after_s`` (30 min) is force-resumed to
-  its previous replica (or the one with the fewest programs) regardless of capacity.
+- A request that waited longer than ``force_resume_after_s`` (30 min, ``_wait_for_resume``) is
+  force-resumed to its previous replica (or the one with the fewest programs) regardless of
+  capacity. The router does this, not the plan (``force_admit_after_s``, read by the router
+  core as ``RouterCore.force_admit_after_s``): a plan's admission is checked against the
+  router's capacity and would be refused, as it was until 2026-12-03, which left this bound
+  without effect.
 
 Models (not in the published scheduler, whose backends all serve one model): a program goes
 only to a replica serving its model (``ReplicaState.serves``); the resume capacity is summed
@@ -77,6 +81,11 @@ class ThunderAgentPolicy:
         self._last_tick_s: float | None = None
         self._queued: frozenset[str] = frozenset()
 
+    @property
+    def force_admit_after_s(self) -> float | None:
+        """The router core's ``force_admit_after_s``: ThunderAgent's force-resume bound."""
+        return self.config.force_resume_after_s
+
     def plan(self, snapshot: Snapshot) -> Plan:
         start = start_time(self._stopwatch)
         cfg = self.config
@@ -105,8 +114,6 @@ class ThunderAgentPolicy:
                     del assigned[sid]
                 else:
                     pauses.append(sid)
-        for sid, rid in self._overdue(snapshot, pool, assigned, healthy):
-            assigned[sid] = rid
         self._queued = frozenset(s.id for s in pool if s.id not in assigned)
         assignments = tuple(Assignment(sid, rid) for sid, rid in sorted(assigned.items()))
         return Plan(
@@ -164,29 +171,6 @@ class ThunderAgentPolicy:
                 bins.sort(key=lambda kv: (-kv[1], kv[0]))
             else:
                 bins.pop(at)
-        return out
-
-    def _overdue(self, snapshot: Snapshot, pool: tuple[SessionState, ...], assigned: dict[str, str],
-                 healthy: list[ReplicaState]) -> list[tuple[str, str]]:
-        limit = self.config.force_resume_after_s
-        if limit is None or not healthy:
-            return []
-        by_id = {r.id: r for r in healthy}
-        counts = {r.id: 0 for r in healthy}
-        for s in snapshot.sessions:
-            if s.admitted and s.replica in counts:
-                counts[s.replica] += 1
-        out = []
-        for s in pool:
-            if s.id in assigned or s.phase != "WAITING" or s.waiting_since_s is None:
-                continue
-            if snapshot.now_s - s.waiting_since_s > limit:
-                serving = [r for r in counts if by_id[r].serves(s)]
-                if not serving:
-                    continue
-                rid = s.replica if s.replica in serving else min(serving, key=lambda r: (counts[r], r))
-                counts[rid] = counts.get(rid, 0) + 1
-                out.append((s.id, rid))
         return out
 
 

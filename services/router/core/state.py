@@ -58,12 +58,16 @@ class SessionBusy(RuntimeError):
 
 class RouterCore:
     def __init__(self, config: CoreConfig, policy: Policy | None = None,
-                 hold_limit: Callable[[int], float] | None = None, over_capacity: float = 1.0) -> None:
+                 hold_limit: Callable[[int], float] | None = None, over_capacity: float = 1.0,
+                 force_admit_after_s: float | None = None) -> None:
         """``policy`` routes requests when ``config.gating`` is False (a per-request policy).
         ``hold_limit`` (gating only; a policy's ``hold_limit``, e.g. ``tao-overcommit``): seconds a
         held request of a pool session with a prompt of that many tokens may wait before
         ``dispatch`` admits its session over capacity (``_admit_over_capacity``), on a replica
-        whose admitted footprints stay within ``over_capacity`` × its capacity."""
+        whose admitted footprints stay within ``over_capacity`` × its capacity.
+        ``force_admit_after_s`` (gating only; a policy's ``force_admit_after_s``, ThunderAgent's
+        force-resume): a held request of a pool session that has waited this long is admitted
+        whatever the capacity (``_force_admit``)."""
         if over_capacity < 1.0:
             raise ValueError(f"over_capacity must be >= 1, got {over_capacity}")
         if not config.gating and policy is None:
@@ -89,6 +93,9 @@ class RouterCore:
         self.over_capacity = over_capacity
         #: pool sessions admitted over capacity because their hold outlasted ``hold_limit``
         self.over_capacity_admits = 0
+        self.force_admit_after_s = force_admit_after_s
+        #: pool sessions admitted whatever the capacity after ``force_admit_after_s``
+        self.force_admits = 0
         self._d_sessions: set[str] = set()
         self._d_ended: set[str] = set()
         self._d_tenants: set[str] = set()
@@ -289,6 +296,34 @@ class RouterCore:
             self.over_capacity_admits += 1
             idle = None  # recount with this session admitted
 
+    def _force_admit(self, now_s: float) -> None:
+        """``force_admit_after_s``: ThunderAgent's starvation bound (``_wait_for_resume``, 30 min
+        in ThunderAgent's ``scheduler/router.py``): a pool session whose held request has waited
+        that long is resumed "regardless of capacity", on the replica holding most of its cache
+        (ThunderAgent: the backend it was paused from) or, without any, on the usable replica
+        serving its model with the fewest admitted sessions (ThunderAgent's least-loaded
+        backend by program count). Oldest held request first; its KV then competes in vLLM's
+        own scheduler, and the policy's next pauses see the excess."""
+        assert self.force_admit_after_s is not None
+        for req in list(self.held.values()):
+            s = self.sessions.get(req.session_id)
+            if s is None or s.admitted or now_s - req.arrived_s < self.force_admit_after_s:
+                continue
+            usable = [rep for rep in self.replicas.values()
+                      if self.eligible(rep) and rep.id not in s.avoid and rep.serves(s.model)]
+            if not usable:
+                continue
+            credit = {rep.id: max((decayed_credit(e, now_s) for e in s.cache if e.replica == rep.id), default=0)
+                      for rep in usable}
+            admitted = {rep.id: 0 for rep in usable}
+            for o in self.sessions.values():
+                if o.admitted and o.replica in admitted:
+                    admitted[o.replica] += 1
+            target = min(usable, key=lambda rep: (-credit[rep.id], admitted[rep.id], rep.id)).id
+            self._put(replace(s, admitted=True, replica=target, placed_s=now_s, pause_pending=False))
+            self.last_reject[s.id] = "admitted whatever the capacity: held past the force-admit bound"
+            self.force_admits += 1
+
     def _hold(self, req: HeldRequest, front: bool = False) -> None:
         mine = self._held_by_tenant.setdefault(req.tenant, {})
         if front:  # a retried request keeps its place at the front
@@ -346,8 +381,11 @@ class RouterCore:
             return []
         if not self.config.gating:
             self._route(sorted({h.session_id for h in self.held.values()}), now_s)
-        elif self.hold_limit is not None:
-            self._admit_over_capacity(now_s)
+        else:
+            if self.force_admit_after_s is not None:
+                self._force_admit(now_s)
+            if self.hold_limit is not None:
+                self._admit_over_capacity(now_s)
         queue = self.held if tenant is None or not self.config.gating else self._held_by_tenant.get(tenant, {})
         grants = []
         for req in list(queue.values()):

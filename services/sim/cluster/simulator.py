@@ -177,6 +177,7 @@ class ClusterSim:
             None if self.gating else self.policy,
             hold_limit=getattr(policy, "hold_limit", None) if self.gating else None,
             over_capacity=float(getattr(policy, "over_capacity", 1.0)) if self.gating else 1.0,
+            force_admit_after_s=getattr(policy, "force_admit_after_s", None) if self.gating else None,
         )
         self.replicas: list[_Replica] = []
         for k in range(config.replicas):
