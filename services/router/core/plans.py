@@ -82,7 +82,7 @@ def apply_plan(core: RouterCore, now_s: float, plan: PlanDecision) -> ApplyRepor
                 core.last_reject[sid] = f"plan ({plan.source}) rejected: {problem}"
             continue
         s = core.sessions[sid]
-        core._put(replace(s, admitted=True, replica=rid, placed_s=now_s, pause_pending=False))
+        core._admit(s, rid, now_s)
         core.last_reject.pop(sid, None)
         admitted.append((sid, rid))
     return ApplyReport(tuple(admitted), tuple(paused), tuple(deferred), tuple(rejected))

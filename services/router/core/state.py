@@ -230,6 +230,19 @@ class RouterCore:
             self._fast_admit(s, now_s)
         return self._try_grant(held, now_s)
 
+    def _can_take(self, rep: Replica, s: Session) -> bool:
+        """``rep`` may receive ``s``: eligible, not a replica ``s`` failed under, serving its model."""
+        return self.eligible(rep) and rep.id not in s.avoid and rep.serves(s.model)
+
+    @staticmethod
+    def _credit_on(s: Session, rid: str, now_s: float) -> float:
+        """``s``'s decayed cache credit on replica ``rid`` now (0 without evidence there)."""
+        return max((decayed_credit(e, now_s) for e in s.cache if e.replica == rid), default=0)
+
+    def _admit(self, s: Session, rid: str, now_s: float) -> None:
+        """Admit pool session ``s`` on ``rid`` (placement time now, no pause pending)."""
+        self._put(replace(s, admitted=True, replica=rid, placed_s=now_s, pause_pending=False))
+
     def _fast_admit(self, s: Session, now_s: float) -> None:
         """``CoreConfig.fast_admit``: admit ``s`` now when no other pool session contends."""
         for req in self.held.values():
@@ -241,17 +254,16 @@ class RouterCore:
             return
         best: tuple[float, int, int, str] | None = None
         for rep in self.replicas.values():
-            if not self.eligible(rep) or rep.id in s.avoid or not rep.serves(s.model):
+            if not self._can_take(rep, s):
                 continue
             room = self.capacity(rep.id) - self.used.get(rep.id, 0)
             if s.footprint_tokens > room:
                 continue
-            credit = max((decayed_credit(e, now_s) for e in s.cache if e.replica == rep.id), default=0)
-            key = (-credit, self.replica_in_flight.get(rep.id, 0), -room, rep.id)
+            key = (-self._credit_on(s, rep.id, now_s), self.replica_in_flight.get(rep.id, 0), -room, rep.id)
             if best is None or key < best:
                 best = key
         if best is not None:
-            self._put(replace(s, admitted=True, replica=best[3], placed_s=now_s, pause_pending=False))
+            self._admit(s, best[3], now_s)
             self.last_reject.pop(s.id, None)
             self.fast_admits += 1
 
@@ -278,20 +290,19 @@ class RouterCore:
                         idle[o.replica] = idle.get(o.replica, 0) + o.footprint_tokens
             best: tuple[float, int, str] | None = None
             for rep in self.replicas.values():
-                if not self.eligible(rep) or rep.id in s.avoid or not rep.serves(s.model):
+                if not self._can_take(rep, s):
                     continue
                 used, cap = self.used.get(rep.id, 0), self.capacity(rep.id)
                 # only into KV whose sessions are between requests (their blocks sit idle in
                 # vLLM's cache), and within the bound
                 if used - idle.get(rep.id, 0) + s.footprint_tokens > cap or used + s.footprint_tokens > self.over_capacity * cap:
                     continue
-                credit = max((decayed_credit(e, now_s) for e in s.cache if e.replica == rep.id), default=0)
-                key = (-credit, self.replica_in_flight.get(rep.id, 0), rep.id)
+                key = (-self._credit_on(s, rep.id, now_s), self.replica_in_flight.get(rep.id, 0), rep.id)
                 if best is None or key < best:
                     best = key
             if best is None:
                 continue
-            self._put(replace(s, admitted=True, replica=best[2], placed_s=now_s, pause_pending=False))
+            self._admit(s, best[2], now_s)
             self.last_reject[s.id] = "admitted over capacity: held past its hold limit"
             self.over_capacity_admits += 1
             idle = None  # recount with this session admitted
@@ -309,18 +320,15 @@ class RouterCore:
             s = self.sessions.get(req.session_id)
             if s is None or s.admitted or now_s - req.arrived_s < self.force_admit_after_s:
                 continue
-            usable = [rep for rep in self.replicas.values()
-                      if self.eligible(rep) and rep.id not in s.avoid and rep.serves(s.model)]
+            usable = [rep.id for rep in self.replicas.values() if self._can_take(rep, s)]
             if not usable:
                 continue
-            credit = {rep.id: max((decayed_credit(e, now_s) for e in s.cache if e.replica == rep.id), default=0)
-                      for rep in usable}
-            admitted = {rep.id: 0 for rep in usable}
+            admitted = dict.fromkeys(usable, 0)
             for o in self.sessions.values():
                 if o.admitted and o.replica in admitted:
                     admitted[o.replica] += 1
-            target = min(usable, key=lambda rep: (-credit[rep.id], admitted[rep.id], rep.id)).id
-            self._put(replace(s, admitted=True, replica=target, placed_s=now_s, pause_pending=False))
+            target = min(usable, key=lambda rid: (-self._credit_on(s, rid, now_s), admitted[rid], rid))
+            self._admit(s, target, now_s)
             self.last_reject[s.id] = "admitted whatever the capacity: held past the force-admit bound"
             self.force_admits += 1
 
@@ -650,13 +658,13 @@ class RouterCore:
             s = self.sessions[sid]
             rid = chosen.get(sid)
             rep = self.replicas.get(rid) if rid else None
-            if rep is None or not self.eligible(rep) or rid in s.avoid or not rep.serves(s.model):
+            if rep is None or not self._can_take(rep, s):
                 rid = self._least_used(exclude=s.avoid, model=s.model)
             if rid is None:
                 self.last_reject[sid] = f"no healthy replica serves model {s.model}" if s.model else \
                     "no healthy replica"
                 continue
-            self._put(replace(s, admitted=True, replica=rid, placed_s=now_s, pause_pending=False))
+            self._admit(s, rid, now_s)
 
     def _least_used(self, exclude: frozenset[str], model: str = "") -> str | None:
         ok = [r for r in self.replicas.values() if self.eligible(r) and r.id not in exclude and r.serves(model)]
