@@ -16,7 +16,7 @@ from pathlib import Path
 
 from services.common.ports import free_port
 from services.common.testing import find_redis_binary
-from services.planner.core.fits import ENGINE_FITS
+from services.planner.core.fits import fitted
 from services.router.replicas import replica_id_for
 from services.up.procs import Child, Supervisor, check_port_free, tao_argv
 
@@ -212,7 +212,7 @@ class Stack:
         children = {
             "planner": self._service("planner", ports["planner"], urls["planner"], "--policy", cfg.policy,
                                      "--metrics-port", str(mports["planner"]),
-                                     *(("--engine-profile", cfg.profile) if cfg.profile in ENGINE_FITS else ())),
+                                     *(("--engine-profile", cfg.profile) if fitted(cfg.profile) else ())),
             "predictor": self._service("predictor", ports["predictor"], urls["predictor"],
                                        "--metrics-port", str(mports["predictor"])),
             "budget": self._service("budget", ports["budget"], urls["budget"], "--metrics-port", str(mports["budget"])),

@@ -47,6 +47,11 @@ ENGINE_FITS: dict[str, EngineFits] = {
 }
 
 
+def fitted(profile: str | None) -> str | None:
+    """``profile`` if it has fits, else None (a policy then uses the default profile's)."""
+    return profile if profile in ENGINE_FITS else None
+
+
 def engine_fits(profile: str) -> EngineFits:
     """The fits of engine profile ``profile`` (ValueError naming the known ones)."""
     try:

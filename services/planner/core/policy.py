@@ -198,11 +198,6 @@ def room_after_pauses(replicas: Sequence[ReplicaState], freed: dict[str, int]) -
     )
 
 
-def free_after_pauses(replicas: Sequence[ReplicaState], freed: dict[str, int]) -> np.ndarray:
-    """Tokens admissible per replica (``room_after_pauses`` floored at 0), as int64."""
-    return np.maximum(room_after_pauses(replicas, freed), 0)
-
-
 def full_objective(snapshot: Snapshot, assignments: Iterable[Assignment]) -> Objective:
     """(Σk, Σr, Σf) of ``assignments`` with the full TAO values (the common yardstick)."""
     pairs = list(assignments)

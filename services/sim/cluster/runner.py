@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from services.planner.core.fits import ENGINE_FITS
+from services.planner.core.fits import fitted
 from services.planner.core.registry import make_policy
 from services.sim.cluster import oracle as _oracle  # noqa: F401  (registers "oracle")
 from services.sim.cluster.lower_bound import LowerBound, cached_lower_bound
@@ -33,8 +33,7 @@ def run_policy(sessions: Sequence[TraceSession], name: str, cfg: SimConfig,
     """Simulate ``name`` on ``sessions``; ``profile`` overrides ``cfg.profile``. The policy
     estimates prefill and decode times by the engine profile's fits when it has them
     (``services.planner.core.fits``), else by the default profile's."""
-    engine = profile.name if profile is not None else cfg.profile
-    policy = make_policy(name, engine_profile=engine if engine in ENGINE_FITS else None)
+    policy = make_policy(name, engine_profile=fitted(profile.name if profile is not None else cfg.profile))
     t0, c0 = time.perf_counter(), time.process_time()
     run = ClusterSim(sessions, policy, cfg, profile=profile).run()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0

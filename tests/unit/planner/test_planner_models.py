@@ -22,7 +22,7 @@ from services.planner.core import make_policy
 from services.planner.core.continuum import ContinuumPolicy
 from services.planner.core.explain import explain
 from services.planner.core.model import ReplicaState, SessionState, Snapshot, SnapshotError
-from services.planner.core.policy import free_after_pauses, plan_pauses, pool_candidates, serving_mask
+from services.planner.core.policy import plan_pauses, pool_candidates, room_after_pauses, serving_mask
 from services.planner.core.routers import CacheAwarePolicy, LeastLoadedPolicy, RoundRobinPolicy
 from services.planner.core.tao import TAO_PAPER, TaoPolicy
 from services.planner.core.thunderagent import ThunderAgentPolicy
@@ -52,7 +52,7 @@ def _optimum(snapshot: Snapshot) -> tuple[int, int, int]:
     values = fold_values(snapshot.now_s, pool, replicas)
     healthy = np.array([r.healthy for r in replicas], dtype=np.bool_)
     eligible = healthy[None, :] & serving_mask(pool, replicas)
-    free = free_after_pauses(replicas, plan_pauses(snapshot, "tao").freed_tokens)
+    free = np.maximum(room_after_pauses(replicas, plan_pauses(snapshot, "tao").freed_tokens), 0)
     return brute_force(values, eligible, values.footprint, free)
 
 
