@@ -1,7 +1,8 @@
 """Every reference in the repository resolves inside it: relative Markdown links name a file
 that exists and, with a ``#fragment``, a heading of that file (GitHub's anchor rule); a
-``docs/….md#anchor`` written in source or comments names a real heading; and nothing points
-outside the repository at the design notes the project started from."""
+``docs/….md#anchor`` written in source, comments or prose (paths from the repository root)
+names a real heading; and nothing points outside the repository at the design notes the
+project started from."""
 
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def test_markdown_links_resolve_to_files_and_headings() -> None:
 
 def test_doc_anchors_named_in_source_exist() -> None:
     bad = []
-    for src in tracked(".py", ".proto", ".toml", ".yaml", ".yml", ".sh"):
+    for src in tracked(".py", ".proto", ".toml", ".yaml", ".yml", ".sh", ".md"):
         for m in SOURCE_REF.finditer(src.read_text(encoding="utf-8", errors="replace")):
             dest = ROOT / m.group(1)
             if not dest.exists() or m.group(2) not in anchors(dest):
