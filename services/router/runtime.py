@@ -47,7 +47,7 @@ from services.router.core.hold import PLAN, hold_kind
 from services.router.core.model import CoreConfig, Grant, NewRequest, PlanDecision, Usage
 from services.router.core.readiness import PredictionView, is_ready
 from services.router.core.snapshot import build_snapshot
-from services.router.core.state import RouterCore, SessionBusy, UnknownSession
+from services.router.core.state import RouterCore, SessionBusy, UnknownSession, admission_hooks
 from services.router.core.tools import ToolCall
 from services.router.feeds import FencedFeed
 from services.router.fleet import RouterFleet
@@ -100,10 +100,7 @@ class RouterRuntime:
                 lend=bool(getattr(self.policy, "lend", False)),
             ),
             policy=self.policy,
-            hold_limit=getattr(self.policy, "hold_limit", None) if self.policy.gates_admission else None,
-            over_capacity=float(getattr(self.policy, "over_capacity", 1.0)) if self.policy.gates_admission else 1.0,
-            force_admit_after_s=(getattr(self.policy, "force_admit_after_s", None)
-                                 if self.policy.gates_admission else None),
+            **admission_hooks(self.policy),
         )
         self.registry = ReplicaRegistry(
             self._replica_changed, self.clock.now, interval_s=settings.health_interval_s,

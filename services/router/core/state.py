@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
+from typing import TypedDict
 
 from services.budget.core.model import may_admit
 from services.common.vocabulary import Phase
@@ -42,6 +43,27 @@ from services.router.core.model import (
     phase_of,
 )
 from services.router.core.snapshot import build_snapshot
+
+
+class AdmissionHooks(TypedDict):
+    """``RouterCore``'s gating-only arguments as a policy carries them (``admission_hooks``)."""
+
+    hold_limit: Callable[[int], float] | None
+    over_capacity: float
+    force_admit_after_s: float | None
+
+
+def admission_hooks(policy: Policy) -> AdmissionHooks:
+    """The admission rules a gating policy hands to the router core, for ``RouterCore(...,
+    **admission_hooks(policy))``: ``hold_limit`` and ``over_capacity`` (``tao-overcommit``),
+    ``force_admit_after_s`` (ThunderAgent's force-resume); none for a per-request policy or a
+    policy without them."""
+    gates = policy.gates_admission
+    return AdmissionHooks(
+        hold_limit=getattr(policy, "hold_limit", None) if gates else None,
+        over_capacity=float(getattr(policy, "over_capacity", 1.0)) if gates else 1.0,
+        force_admit_after_s=getattr(policy, "force_admit_after_s", None) if gates else None,
+    )
 
 
 class SessionConflict(ValueError):

@@ -46,7 +46,7 @@ from services.predictor.core.config import ExplorationConfig
 from services.router.core.model import CoreConfig, NewRequest, PlanDecision, Replica, Usage
 from services.router.core.plans import PAUSE_DROPPED
 from services.router.core.snapshot import build_snapshot
-from services.router.core.state import RouterCore
+from services.router.core.state import RouterCore, admission_hooks
 from services.sim.cluster.kv_events import with_kv_events
 from services.sim.cluster.metrics import RequestRecord, SessionOutcome
 from services.sim.cluster.state import SimSession
@@ -175,9 +175,7 @@ class ClusterSim:
                        fast_admit=bool(getattr(policy, "fast_admit", False)),
                        lend=bool(getattr(policy, "lend", False))),
             None if self.gating else self.policy,
-            hold_limit=getattr(policy, "hold_limit", None) if self.gating else None,
-            over_capacity=float(getattr(policy, "over_capacity", 1.0)) if self.gating else 1.0,
-            force_admit_after_s=getattr(policy, "force_admit_after_s", None) if self.gating else None,
+            **admission_hooks(policy),
         )
         self.replicas: list[_Replica] = []
         for k in range(config.replicas):
