@@ -42,6 +42,8 @@ class BudgetAllocationRecord(AllocationRecord):
     burst_peak: dict[str, int] = Field(default_factory=dict)
     idle_ms: dict[str, int] = Field(default_factory=dict)
     min_gap_ms: dict[str, int] = Field(default_factory=dict)
+    recall_since_ms: dict[str, int] = Field(default_factory=dict)
+    recall_ms: dict[str, int] = Field(default_factory=dict)
     computed_at_s: float = 0.0
 
 
@@ -97,7 +99,7 @@ def allocation_to_record(alloc: Allocation, epoch: str, decided_at_unix_s: float
         decisions=tuple(_decision_record(d) for d in alloc.decisions), decided_at_unix_s=decided_at_unix_s,
         limits=dict(alloc.limits), targets=dict(alloc.targets), demand_envelope=dict(alloc.demand_envelope),
         burst_peak=dict(alloc.burst_peak), idle_ms=dict(alloc.idle_ms), min_gap_ms=dict(alloc.min_gap_ms),
-        computed_at_s=alloc.computed_at_s,
+        recall_since_ms=dict(alloc.recall_since_ms), recall_ms=dict(alloc.recall_ms), computed_at_s=alloc.computed_at_s,
     )
 
 
@@ -110,7 +112,7 @@ def allocation_from_record(rec: BudgetAllocationRecord) -> Allocation:
     )
     return Allocation(rec.rev, rec.total, rec.caps, rec.limits or rec.caps, rec.policy, rec.computed_at_s,
                       decisions, rec.targets, rec.demand_envelope, rec.burst_peak, rec.idle_ms,
-                      rec.min_gap_ms)
+                      rec.min_gap_ms, rec.recall_since_ms, rec.recall_ms)
 
 
 def allocation_to_proto(rec: AllocationRecord) -> budget_pb2.Allocation:
@@ -127,7 +129,7 @@ def allocation_to_proto(rec: AllocationRecord) -> budget_pb2.Allocation:
 
 def demand_from_record(rec: TenantDemandRecord, from_unix: Callable[[float], float]) -> TenantObservation:
     return TenantObservation(rec.tenant, rec.waiting, rec.in_flight, from_unix(rec.updated_at_unix_s),
-                             rec.p99_latency_s or None)
+                             rec.p99_latency_s or None, rec.p99_hold_s or None)
 
 
 def demand_from_proto(entries: Iterable[budget_pb2.TenantDemand], known: Iterable[str],
@@ -141,8 +143,9 @@ def demand_from_proto(entries: Iterable[budget_pb2.TenantDemand], known: Iterabl
             raise InvalidArgument(f"unknown tenant {e.tenant!r}; configured: {', '.join(sorted(names)) or 'none'}")
         if e.tenant in out:
             raise InvalidArgument(f"tenant {e.tenant!r} reported twice")
-        if e.waiting < 0 or e.in_flight < 0 or not e.p99_latency_s >= 0 or not math.isfinite(e.p99_latency_s):
-            raise InvalidArgument(f"tenant {e.tenant!r}: waiting, in_flight and p99_latency_s must be >= 0")
+        if e.waiting < 0 or e.in_flight < 0 or not all(v >= 0 and math.isfinite(v) for v in (e.p99_latency_s, e.p99_hold_s)):
+            raise InvalidArgument(f"tenant {e.tenant!r}: waiting, in_flight, p99_latency_s and p99_hold_s must be >= 0 "
+                                  "(and finite)")
         out[e.tenant] = TenantObservation(e.tenant, int(e.waiting), int(e.in_flight), now_s,
-                                          e.p99_latency_s or None)
+                                          e.p99_latency_s or None, e.p99_hold_s or None)
     return out

@@ -49,8 +49,11 @@ class Settings(LeaderElectionSettings):
                                       description="fraction of a tenant's burst peak kept as reserve (0: none)")
     burst_memory_s: float = Field(default=30.0, ge=0.0, description="idle time after which the burst peak decays")
     lend_horizon_s: float = Field(default=5.0, ge=0.0,
-                                  description="lend an idle tenant's reserve while this much of its shortest gap "
-                                              "remains (0: never)")
+                                  description="lend an idle tenant's reserve while at least this much (or its "
+                                              "measured call-back time, or the borrowers' p99 slot hold) of its "
+                                              "shortest gap remains (0: never)")
+    reserve_z: float = Field(default=1.65, ge=0.0, le=10.0,
+                             description="burst reserve headroom in Poisson standard deviations of the peak")
     lend_frac: float = Field(default=1.0, ge=0.0, le=1.0, description="fraction of the reserve lent in a gap")
     slo_guard_frac: float = Field(default=0.8, gt=0.0,
                                   description="p99 above this fraction of the SLO: the tenant lends nothing")
@@ -88,4 +91,5 @@ class Settings(LeaderElectionSettings):
             kv_saturation_frac=self.kv_saturation_frac, stale_after_s=self.demand_stale_s,
             burst_reserve_frac=self.burst_reserve_frac, burst_memory_s=self.burst_memory_s,
             lend_horizon_s=self.lend_horizon_s, lend_frac=self.lend_frac, slo_guard_frac=self.slo_guard_frac,
+            reserve_z=self.reserve_z,
         )

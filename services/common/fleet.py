@@ -220,7 +220,7 @@ def epoch_counts(epoch: str, fleet: frozenset[str], live: str | bytes | None) ->
 
 def merge_demand(records: Iterable[TenantDemandRecord]) -> list[TenantDemandRecord]:
     """One record per tenant: waiting and in-flight summed over the routers that reported it,
-    the worst p99 and the freshest report time (epoch and revision of the first one seen)."""
+    the worst p99s and the freshest report time (epoch and revision of the first one seen)."""
     out: dict[str, TenantDemandRecord] = {}
     for rec in records:
         cur = out.get(rec.tenant)
@@ -230,6 +230,7 @@ def merge_demand(records: Iterable[TenantDemandRecord]) -> list[TenantDemandReco
         out[rec.tenant] = cur.model_copy(update={
             "waiting": cur.waiting + rec.waiting, "in_flight": cur.in_flight + rec.in_flight,
             "p99_latency_s": max(cur.p99_latency_s, rec.p99_latency_s),
+            "p99_hold_s": max(cur.p99_hold_s, rec.p99_hold_s),
             "updated_at_unix_s": max(cur.updated_at_unix_s, rec.updated_at_unix_s),
         })
     return list(out.values())

@@ -132,6 +132,8 @@ class TenantDemandRecord(Record):
     waiting: int = Field(ge=0)
     in_flight: int = Field(ge=0)
     p99_latency_s: float = Field(default=0.0, ge=0.0)
+    #: p99 of admission -> end of the tenant's recent requests (0: unknown)
+    p99_hold_s: float = Field(default=0.0, ge=0.0)
     updated_at_unix_s: float
 
 

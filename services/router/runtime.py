@@ -325,8 +325,13 @@ class RouterRuntime:
         self.core.first_token(request_id, ttft_s)
 
     def finish(self, request_id: str, tenant: str, usage: Usage | None, duration_s: float) -> None:
-        self.core.finish(self.now(), request_id, usage)
-        self.store.record_latency(tenant, duration_s)
+        now = self.now()
+        flight = self.core.in_flight.get(request_id)
+        self.core.finish(now, request_id, usage)
+        # the slot hold, admission to end (the budget's lending horizon); the caller read its
+        # clock for the latency a moment earlier, and a slot is never held longer than that
+        hold = None if flight is None else min(duration_s, max(0.0, now - flight.started_s))
+        self.store.record_latency(tenant, duration_s, hold)
         self.store.wake()
         self.pump(tenant)
 

@@ -75,6 +75,7 @@ class StateStore:
         self._replicas: set[str] = set()
         self._pool: set[str] = set()
         self.latency_s: dict[str, deque[float]] = {}
+        self.hold_s: dict[str, deque[float]] = {}
         self.flushes = 0
         self.failures = 0
         self._tasks: list[asyncio.Task[None]] = []
@@ -132,14 +133,21 @@ class StateStore:
             epoch=stamp.epoch, rev=stamp.rev, tenant=tenant,
             waiting=max(0, self._core.tenant_held.get(tenant, 0)),
             in_flight=max(0, self._core.tenant_in_flight.get(tenant, 0)),
-            p99_latency_s=percentile(self.latency_s.get(tenant, ()), 99, method="higher"), updated_at_unix_s=self._to_unix(now_s),
+            p99_latency_s=percentile(self.latency_s.get(tenant, ()), 99, method="higher"),
+            p99_hold_s=percentile(self.hold_s.get(tenant, ()), 99, method="higher"),
+            updated_at_unix_s=self._to_unix(now_s),
         )
 
-    def record_latency(self, tenant: str, seconds: float) -> None:
-        window = self.latency_s.get(tenant)
-        if window is None:
-            window = self.latency_s[tenant] = deque(maxlen=1000)
-        window.append(seconds)
+    def record_latency(self, tenant: str, seconds: float, hold_s: float | None = None) -> None:
+        """One finished request of ``tenant``: its latency from arrival and, when it was
+        admitted, how long it held its slot (admission to end); the last 1000 of each."""
+        for windows, value in ((self.latency_s, seconds), (self.hold_s, hold_s)):
+            if value is None:
+                continue
+            window = windows.get(tenant)
+            if window is None:
+                window = windows[tenant] = deque(maxlen=1000)
+            window.append(value)
 
     # ------------------------------------------------------------------ lifecycle
 

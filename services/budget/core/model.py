@@ -121,19 +121,23 @@ class BudgetConfig:
 @dataclass(frozen=True)
 class TenantObservation:
     """What the router reports for one tenant: requests held ``waiting`` for a slot,
-    requests ``in_flight``, the recent p99 latency (None: unknown) and when it was seen."""
+    requests ``in_flight``, the recent p99 latency (from arrival at the router), the recent p99
+    slot hold (from admission to the request's end: how long a slot lent to this tenant stays
+    taken), None where unknown, and when it was seen."""
 
     tenant: str
     waiting: int
     in_flight: int
     observed_at_s: float
     p99_latency_s: float | None = None
+    p99_hold_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.waiting < 0 or self.in_flight < 0:
             raise ValueError(f"tenant {self.tenant!r}: waiting and in_flight must be >= 0")
-        if self.p99_latency_s is not None and not self.p99_latency_s >= 0:
-            raise ValueError(f"tenant {self.tenant!r}: p99 latency must be >= 0")
+        for what, v in (("p99 latency", self.p99_latency_s), ("p99 hold", self.p99_hold_s)):
+            if v is not None and not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"tenant {self.tenant!r}: {what} must be a finite number >= 0")
 
     @property
     def demand(self) -> int:
@@ -172,9 +176,11 @@ class Allocation:
     ``sum(caps) == sum(limits) == total``; caps and limits are >= 0 and name the same
     tenants. ``demand_envelope`` (fast-rise, slow-decay demand per tenant), ``burst_peak`` (the
     largest demand, up to its static share, seen in the tenant's recent active periods),
-    ``idle_ms`` (how long the tenant has had no demand, in ms) and ``min_gap_ms`` (the shortest
-    idle gap it has completed, in ms; absent: none seen) are the dynamic controller's memory,
-    carried so a restarted service resumes exactly."""
+    ``idle_ms`` (how long the tenant has had no demand, in ms), ``min_gap_ms`` (the shortest
+    idle gap it has completed, in ms; absent: none seen), ``recall_since_ms`` (when the call-back
+    of a lender's reserve in progress began, model ms) and ``recall_ms`` (how long its call-backs
+    take, learned from the ones it completed) are the dynamic controller's memory, carried so a
+    restarted service resumes exactly."""
 
     revision: int
     total: int
@@ -188,12 +194,16 @@ class Allocation:
     burst_peak: Mapping[str, int] = field(default_factory=dict)
     idle_ms: Mapping[str, int] = field(default_factory=dict)
     min_gap_ms: Mapping[str, int] = field(default_factory=dict)
+    recall_since_ms: Mapping[str, int] = field(default_factory=dict)
+    recall_ms: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "caps", _frozen_map(self.caps))
         object.__setattr__(self, "burst_peak", _frozen_map(self.burst_peak))
         object.__setattr__(self, "idle_ms", _frozen_map(self.idle_ms))
         object.__setattr__(self, "min_gap_ms", _frozen_map(self.min_gap_ms))
+        object.__setattr__(self, "recall_since_ms", _frozen_map(self.recall_since_ms))
+        object.__setattr__(self, "recall_ms", _frozen_map(self.recall_ms))
         object.__setattr__(self, "limits", _frozen_map(self.limits))
         object.__setattr__(self, "targets", _frozen_map(self.targets))
         object.__setattr__(self, "demand_envelope", _frozen_map(self.demand_envelope))

@@ -14,13 +14,16 @@ Dynamic, made precise (one tick, every 2 s):
    started, so each tenant keeps a *reserve* below which its target never falls: its whole
    static share until it has shown one burst and one idle gap, then its burst peak (largest
    demand, up to its share, since it was last idle longer than ``burst_memory_s``) plus
-   headroom, times ``burst_reserve_frac``. *p99 guard:* a tenant with an SLO whose p99 is
+   headroom (``reserve_headroom``: the peak is a few tick samples of a Poisson count),
+   times ``burst_reserve_frac``. *p99 guard:* a tenant with an SLO whose p99 is
    above ``slo_guard_frac`` of it keeps its whole static share. *Gap lending:* an idle
    tenant's reserve is lent (``lend_frac`` of it) only while its shortest observed idle gap
-   lasts at least ``lend_horizon_s`` beyond the next tick (lent slots are refilled until
-   then, and a request started then may hold its slot that long); after that the reserve is
-   *called back*: the tenant becomes a receiver up to its reserve without demand, its
-   borrowers are drained, and the slots are free again when its burst is due.
+   lasts at least the *horizon* beyond the next tick (lent slots are refilled until then);
+   after that the reserve is *called back*: the tenant becomes a receiver up to its reserve
+   without demand, its borrowers are drained, and the slots are free again when its burst is
+   due. The horizon is how long a call-back takes: measured on the tenant's own completed
+   call-backs, and before the first one the longest p99 slot hold (admission to end) the
+   would-be borrowers report, at least ``lend_horizon_s``.
 4. *Targets* (weighted max-min fairness): each observed tenant wants ``e + ceil(headroom *
    e)`` slots (0 when idle), bounded below by its floor and its reserve. If the wants do not
    fill the budget, everyone gets their want and the slots nobody wants stay with whoever
@@ -57,6 +60,10 @@ from services.budget.core.split import water_fill, weighted_split
 #: ticks are not exactly ``tick_s`` apart (a service's sleep, a simulator's step boundary): gap
 #: and idle times within this many ms of the lending horizon count as meeting it
 LEND_JITTER_MS = 100
+#: a learned call-back time is trusted while the borrowers' p99 slot hold is at most this many
+#: times it (DynamicPolicy._horizons): a call-back of about half of the borrowers' slots takes
+#: about half of their hold when their requests started at random times
+RECALL_TRUST = 2
 
 
 def _fresh(state: BudgetState, stale_after_s: float) -> dict[str, TenantObservation]:
@@ -76,7 +83,7 @@ def _hold_in_transit(state: BudgetState, observed: Mapping[str, TenantObservatio
     reason = f"{', '.join(missing)} unobserved while slots are in transit: allocation held"
     return Allocation(prev.revision + 1, prev.total, prev.caps, prev.limits, policy, state.now_s,
                       (Decision("hold", reason),), prev.targets, prev.demand_envelope, prev.burst_peak,
-                      prev.idle_ms, prev.min_gap_ms)
+                      prev.idle_ms, prev.min_gap_ms, prev.recall_since_ms, prev.recall_ms)
 
 
 def _prev_limits(state: BudgetState, caps: Mapping[str, int], normalised: list[Decision]) -> Mapping[str, int]:
@@ -126,7 +133,8 @@ class StaticPolicy:
         env = dict(prev.demand_envelope) if prev else {}
         return Allocation(_next_revision(state), config.total, caps, limits, self.name, state.now_s,
                           tuple(decisions), targets, env, dict(prev.burst_peak) if prev else {},
-                          dict(prev.idle_ms) if prev else {}, dict(prev.min_gap_ms) if prev else {})
+                          dict(prev.idle_ms) if prev else {}, dict(prev.min_gap_ms) if prev else {},
+                          dict(prev.recall_since_ms) if prev else {}, dict(prev.recall_ms) if prev else {})
 
 
 @dataclass(frozen=True)
@@ -158,15 +166,23 @@ class DynamicParams:
     #: ``release_per_tick`` per tick (a tenant idle for longer is not expected back soon)
     burst_memory_s: float = 30.0
     #: gap lending: the reserve of an idle tenant is lent while its shortest observed idle gap
-    #: lasts at least this long beyond the next tick (the longest a borrower's request may keep
-    #: a lent slot: ~5 s for a 512-token request at full batch on qwen2.5-3b-h200); then it is
-    #: called back, so it is free again when the tenant's burst is due. 0: never lent
+    #: lasts at least the horizon beyond the next tick; then it is called back, so it is free
+    #: again when the tenant's burst is due. The horizon is what the tenant's call-backs took,
+    #: and until one has been measured the borrowers' reported p99 slot hold, never less than
+    #: this (~5 s: a 512-token request at full batch on qwen2.5-3b-h200). 0: never lent
     lend_horizon_s: float = 5.0
     #: fraction of an idle tenant's reserve lent during gap lending
     lend_frac: float = 1.0
     #: p99 guard: a tenant with a p99 SLO whose reported p99 exceeds this fraction of it
     #: lends nothing of its static share (its reserve is its whole static share)
     slo_guard_frac: float = 0.8
+    #: burst reserve headroom in standard deviations of a Poisson count: the peak is sampled
+    #: once a tick, a few times per burst, and the requests in flight during a burst of
+    #: Poisson arrivals are a Poisson count, so the reserve is the peak plus the larger of the
+    #: envelope's headroom and ``reserve_z * sqrt(peak)`` (1.65: the one-sided 95 % point).
+    #: With 10 % alone, a peak of 36 sampled in a tenant's first burst kept 40 of its 48 and
+    #: B's 2,048-token requests took the rest for 17 s (the bursty tenant's p99 +7.8 %)
+    reserve_z: float = 1.65
 
     def __post_init__(self) -> None:
         if not 0 < self.step_frac <= 1:
@@ -181,12 +197,18 @@ class DynamicParams:
             raise ValueError("burst_reserve_frac must be in [0, 1], burst_memory_s and lend_horizon_s >= 0")
         if self.slo_guard_frac <= 0 or not 0 <= self.lend_frac <= 1:
             raise ValueError("slo_guard_frac must be > 0 and lend_frac in [0, 1]")
+        if not 0 <= self.reserve_z <= 10:
+            raise ValueError("reserve_z must be in [0, 10]")
 
     def headroom(self, envelope: int) -> int:
         """Slots kept above a demand envelope (0 for an idle tenant)."""
         if envelope <= 0:
             return 0
         return math.ceil(self.headroom_frac * envelope)
+
+    def reserve_headroom(self, peak: int) -> int:
+        """Slots kept above a burst peak (module docstring, ``reserve_z``)."""
+        return max(self.headroom(peak), math.ceil(self.reserve_z * math.sqrt(max(0, peak))))
 
     def step_slots(self, total: int) -> int:
         return max(1, math.ceil(self.step_frac * total))
@@ -218,7 +240,8 @@ class DynamicPolicy:
         weights = {t.name: t.weight * (p.slo_boost if t.name in boosted else 1.0) for t in config.tenants}
         share = static_targets(config)
         peak, idle, gaps = self._burst_memory(state, observed, share)
-        reserve, guarded, _lending = self._reserve(config, observed, share, peak, idle, gaps)
+        horizon = self._horizons(config, observed, caps, prev)
+        reserve, guarded, lending, full = self._reserve(config, observed, share, peak, idle, gaps, horizon)
         for n in guarded:
             notes[n] = notes.get(n, "") + f"; p99 guard: keeps its static share {reserve[n]}"
         if boosted:  # an admission-limited SLO violation outranks other tenants' reserves
@@ -239,14 +262,66 @@ class DynamicPolicy:
                for n in receivers}
         # a call-back restores the reserve, no more: the rest of the target needs demand
         moving = {n: min(targets[n], reserve[n]) if n in recall else targets[n] for n in names}
+        before = dict(caps)
         caps, limits, moves = transfer(config, caps, _prev_limits(state, caps, decisions), observed, moving,
                                        receivers, step, why)
         decisions += moves
         if not any(d.kind == "move" for d in decisions):
             decisions.append(Decision("hold", self._hold_reason(config, caps, observed, targets, moves, notes)))
         assert all(caps[n] >= floors[n] and limits[n] >= floors[n] for n in names)
+        since, took = self._recall_memory(state, observed, before, caps, full, recall, lending)
         return Allocation(_next_revision(state), config.total, caps, limits, self.name, state.now_s,
-                          tuple(decisions), targets, env, peak, idle, gaps)
+                          tuple(decisions), targets, env, peak, idle, gaps, since, took)
+
+    def _horizons(
+        self, config: BudgetConfig, observed: Mapping[str, TenantObservation], caps: Mapping[str, int],
+        prev: Allocation | None,
+    ) -> dict[str, int]:
+        """Per tenant, how long (ms) after a call-back of its lent reserve starts the slots are
+        back: what its own completed call-backs took (``recall_ms``, learned), else the prior,
+        the longest p99 slot hold reported by a tenant that would borrow (one with unmet demand),
+        and never less than ``lend_horizon_s``. A borrower's request keeps a lent slot until it
+        ends, so a fixed horizon lends slots to requests that outlast the lender's gap whenever
+        the borrowers' requests are long (2,048-token requests: the lender's p99 ×11,
+        docs/benchmarks.md#budget). A learned time stands only while the prior is at most
+        ``RECALL_TRUST`` times it: borrowers whose requests have grown longer than that since
+        (the hold is reported every second, a call-back is timed once a gap) get the prior."""
+        learned = prev.recall_ms if prev else {}
+        holds = [o.p99_hold_s for o in observed.values()
+                 if o.p99_hold_s is not None and o.demand > caps.get(o.tenant, 0)]
+        prior = round(1000 * max([self.params.lend_horizon_s, *holds]))
+        return {n: learned[n] if n in learned and prior <= RECALL_TRUST * learned[n] else prior
+                for n in config.names}
+
+    @staticmethod
+    def _recall_memory(
+        state: BudgetState, observed: Mapping[str, TenantObservation], before: Mapping[str, int],
+        caps: Mapping[str, int], full: Mapping[str, int], recall: set[str], lending: list[str],
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """Call-backs in progress (since when) and how long completed ones took: a call-back
+        starts at the tick that first calls back at least half of a lender's reserve (what gap
+        lending lends; a borrower returns a few slots sooner than many, so smaller call-backs
+        would understate the horizon) and ends at the first tick whose caps give the lender its
+        whole reserve again (measured in ticks: an upper bound). The learned duration rises at
+        once to a longer call-back and moves halfway toward a shorter one."""
+        prev = state.previous
+        since = dict(prev.recall_since_ms) if prev else {}
+        took = dict(prev.recall_ms) if prev else {}
+        now_ms = round(1000 * state.now_s)
+        for n in state.config.names:
+            if n not in observed:
+                continue
+            if n in lending:
+                since.pop(n, None)
+            elif n in since and caps[n] >= full[n]:
+                d = max(0, now_ms - since.pop(n))
+                took[n] = d if n not in took else max(d, (took[n] + d) // 2)
+            elif n in recall and n not in since and 2 * (full[n] - before[n]) >= full[n] > 0:
+                if caps[n] >= full[n]:  # called back within this tick: the slots were unused
+                    took[n] = 0 if n not in took else took[n] // 2
+                else:
+                    since[n] = now_ms
+        return since, took
 
     def _burst_memory(
         self, state: BudgetState, observed: Mapping[str, TenantObservation], share: Mapping[str, int],
@@ -289,25 +364,25 @@ class DynamicPolicy:
 
     def _reserve(
         self, config: BudgetConfig, observed: Mapping[str, TenantObservation], share: Mapping[str, int],
-        peak: Mapping[str, int], idle: Mapping[str, int], gaps: Mapping[str, int],
-    ) -> tuple[dict[str, int], list[str], list[str]]:
+        peak: Mapping[str, int], idle: Mapping[str, int], gaps: Mapping[str, int], horizon: Mapping[str, int],
+    ) -> tuple[dict[str, int], list[str], list[str], dict[str, int]]:
         """Slots each tenant keeps whatever its current demand: ``burst_reserve_frac`` of its
         burst peak plus headroom, never above its static share (its whole share until it has shown a gap);
         its whole static share under the p99 guard; nothing while it is idle early enough in its
         shortest known gap (gap lending). The gap is what was surely idle, from the first tick
         that saw the tenant idle to the last one, so idle - dt of it has passed (``idle`` counts the
         tick interval dt before the first idle tick too); lent slots are refilled until the next
-        tick, about dt away, and a request started then may keep its slot ``lend_horizon_s``:
-        lent while gap - (idle - dt) >= dt + lend_horizon_s, i.e. gap - idle >= lend_horizon_s.
-        (Until 2026-12-03 dt was subtracted once more: lending stopped a tick earlier than the
-        gap required.)
-        Returns (reserve, guarded tenants, lending tenants)."""
+        tick, about dt away, and the call-back that starts then has the slots back ``horizon``
+        later (``_horizons``): lent while gap - (idle - dt) >= dt + horizon, i.e. gap - idle >=
+        horizon. (Until 2026-12-03 dt was subtracted once more: lending stopped a tick earlier
+        than the gap required; until later that day the horizon was the fixed ``lend_horizon_s``.)
+        Returns (reserve, guarded tenants, lending tenants, reserve before lending)."""
         p = self.params
         # until a tenant has shown one whole burst and gap, its pattern is unknown: it keeps its share
         # the peak is sampled once a tick and misses what happens between ticks: it gets the same
         # headroom as a demand envelope
         reserve = {n: min(share[n], math.ceil(p.burst_reserve_frac * (
-            peak[n] + p.headroom(peak[n]) if n in gaps else share[n]))) for n in config.names}
+            peak[n] + p.reserve_headroom(peak[n]) if n in gaps else share[n]))) for n in config.names}
         guarded, lending = [], []
         for t in config.tenants:
             n, obs = t.name, observed.get(t.name)
@@ -315,11 +390,14 @@ class DynamicPolicy:
                     and obs.p99_latency_s > p.slo_guard_frac * t.p99_slo_s):
                 reserve[n] = share[n]
                 guarded.append(n)
-            elif (p.lend_horizon_s > 0 and obs is not None and obs.demand == 0 and idle[n] > 0 and n in gaps
-                  and gaps[n] - idle[n] + LEND_JITTER_MS >= 1000 * p.lend_horizon_s):
+        full = dict(reserve)
+        for t in config.tenants:
+            n, obs = t.name, observed.get(t.name)
+            if (p.lend_horizon_s > 0 and n not in guarded and obs is not None and obs.demand == 0 and idle[n] > 0
+                    and n in gaps and gaps[n] - idle[n] + LEND_JITTER_MS >= horizon[n]):
                 reserve[n] = math.floor((1 - p.lend_frac) * reserve[n])
                 lending.append(n)
-        return reserve, guarded, lending
+        return reserve, guarded, lending, full
 
     def _envelope(self, demand: int, previous: int | None) -> int:
         if previous is None:

@@ -387,6 +387,7 @@ class TenantDemand(_message.Message):
     WAITING_FIELD_NUMBER: _builtins.int
     IN_FLIGHT_FIELD_NUMBER: _builtins.int
     P99_LATENCY_S_FIELD_NUMBER: _builtins.int
+    P99_HOLD_S_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     """Tenant name (must be configured)."""
     waiting: _builtins.int
@@ -395,6 +396,11 @@ class TenantDemand(_message.Message):
     """Requests in flight."""
     p99_latency_s: _builtins.float
     """Recent p99 request latency, seconds (0 when unknown)."""
+    p99_hold_s: _builtins.float
+    """Recent p99 slot hold (admission to the request's end), seconds (0 when unknown): how long a
+    slot lent to this tenant stays taken; the dynamic policy's lending horizon before it has
+    measured a call-back.
+    """
     def __init__(
         self,
         *,
@@ -402,10 +408,11 @@ class TenantDemand(_message.Message):
         waiting: _builtins.int = ...,
         in_flight: _builtins.int = ...,
         p99_latency_s: _builtins.float = ...,
+        p99_hold_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["in_flight", b"in_flight", "p99_latency_s", b"p99_latency_s", "tenant", b"tenant", "waiting", b"waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["in_flight", b"in_flight", "p99_hold_s", b"p99_hold_s", "p99_latency_s", b"p99_latency_s", "tenant", b"tenant", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

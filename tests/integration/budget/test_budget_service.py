@@ -130,6 +130,11 @@ async def test_bad_configuration_and_policy_change_nothing(harness: Harness) -> 
             await stub.ReportDemand(budget_pb2.ReportDemandRequest(
                 demand=[budget_pb2.TenantDemand(tenant="A", waiting=1), budget_pb2.TenantDemand(tenant="Z")]))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        for hold in (-1.0, float("nan"), float("inf")):  # a slot hold sets the lending horizon: must be real
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.ReportDemand(budget_pb2.ReportDemandRequest(
+                    demand=[budget_pb2.TenantDemand(tenant="A", waiting=1, p99_hold_s=hold)]))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "p99_hold_s" in (err.value.details() or "")
         after = (await stub.GetAllocation(budget_pb2.GetAllocationRequest())).allocation
         assert after == before
         assert await harness.redis.get(keys.BUDGET_CONFIG) == stored_cfg
@@ -203,20 +208,22 @@ async def test_burst_reserve_gap_lending_and_memory_survive_a_restart(redis_url:
             await h.demand(A=(0, 30) if a_busy else (0, 0), B=(500, 48))
             assert await h.tick() == {"A": 48, "B": 48}
         await h.demand(A=(0, 30), B=(500, 48))
-        assert await h.tick() == {"A": 33, "B": 63}  # gap known: A keeps its peak 30 + 10 %
-        await h.demand(A=(0, 0), B=(500, 63))
-        assert await h.tick() == {"A": 9, "B": 87}  # early in the next gap: one step lent
+        # gap known: A keeps its peak 30 + ceil(1.65 * sqrt(30)) (the Poisson headroom beats 10 %)
+        assert await h.tick() == {"A": 40, "B": 56}
+        await h.demand(A=(0, 0), B=(500, 56))
+        assert await h.tick() == {"A": 16, "B": 80}  # early in the next gap: one step lent
     stored = load(BudgetAllocationRecord, await h.redis.get(keys.ALLOCATION))
     assert stored.min_gap_ms["A"] == 10_000 and stored.burst_peak["A"] == 30 and stored.idle_ms["A"] == 2000
     await h.redis.aclose()
 
     again = Harness(redis_url, clock)  # restarted: the gap and the idle time come back from Redis
     async with serve_in_process("budget", again.app, again.settings):
-        await again.demand(A=(0, 0), B=(500, 87))
+        await again.demand(A=(0, 0), B=(500, 80))
         assert await again.tick() == {"A": 4, "B": 92}, "idle 4 s of a 10 s gap: 8 s of it left, still lent"
         await again.demand(A=(0, 0), B=(500, 92))
         assert await again.tick() == {"A": 4, "B": 92}, "B's busy slots are not preempted"
         svc = again.app.service
         assert svc is not None and svc.record is not None
         assert svc.record.limits == {"A": 28, "B": 68}, "idle 6 s of a 10 s gap: the reserve is called back"
+        assert set(svc.record.recall_since_ms) == {"A"} and not svc.record.recall_ms, "timing the call-back"
     await again.redis.aclose()

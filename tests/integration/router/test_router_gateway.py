@@ -82,6 +82,8 @@ async def test_multi_turn_session_sticks_and_cached_tokens_grow(redis_url: str, 
         assert record.footprint_tokens > record.context_tokens > 0 and record.last_ttft_s is not None
         demand = load(TenantDemandRecord, await router.redis.hget(keys.DEMAND, "default"))
         assert demand.in_flight == 0 and demand.waiting == 0 and demand.p99_latency_s > 0
+        # the slot hold runs from admission to the response's end: within the latency from arrival
+        assert 0 < demand.p99_hold_s <= demand.p99_latency_s
 
 
 async def test_thunderagent_style_client_and_program_release(redis_url: str, sims: list[RunningSim]) -> None:

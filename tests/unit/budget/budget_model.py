@@ -27,6 +27,8 @@ class RouterModel:
     waiting: dict[str, int] = field(default_factory=dict)
     in_flight: dict[str, int] = field(default_factory=dict)
     allocation: Allocation | None = None
+    #: the p99 slot hold (admission to end) each tenant reports, seconds (absent: unknown)
+    hold: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in self.config.names:
@@ -58,7 +60,7 @@ class RouterModel:
                      skip: frozenset[str] = frozenset()) -> dict[str, TenantObservation]:
         p99 = p99 or {}
         return {
-            n: TenantObservation(n, self.waiting[n], self.in_flight[n], self.now_s, p99.get(n))
+            n: TenantObservation(n, self.waiting[n], self.in_flight[n], self.now_s, p99.get(n), self.hold.get(n))
             for n in self.config.names
             if n not in skip
         }

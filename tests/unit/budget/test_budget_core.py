@@ -200,7 +200,8 @@ def test_reserve_keeps_an_unknown_tenants_share_and_its_burst_peak() -> None:
 
 
 def test_gap_lending_lends_early_in_the_gap_and_calls_the_reserve_back() -> None:
-    policy = make_policy("dynamic", DynamicParams(burst_reserve_frac=1.0, lend_horizon_s=6.0))
+    # reserve_z 0: the headroom is the envelope's 10 % (the Poisson headroom has its own test)
+    policy = make_policy("dynamic", DynamicParams(burst_reserve_frac=1.0, lend_horizon_s=6.0, reserve_z=0.0))
     model = RouterModel(SEED, policy)
     _burst_then_idle(model, 2, 7)  # A idle for 7 ticks: 12 s surely idle between first and last idle tick
     busy = _burst_then_idle(model, 2, 0)
@@ -229,6 +230,56 @@ def test_gap_lending_lends_early_in_the_gap_and_calls_the_reserve_back() -> None
     assert model.in_flight["B"] == 68, "a draining donor refills only up to its lowered limit"
     back = model.tick()
     assert back.caps["A"] >= 28 and back.limits["A"] == 44 and sum(back.caps.values()) == 96
+
+
+def test_the_lending_horizon_is_the_borrowers_slot_hold_until_a_call_back_is_measured() -> None:
+    """A lent slot comes back when the borrower's request in it ends: before the controller has
+    timed a call-back of its own, the horizon is the borrowers' reported p99 slot hold."""
+    for hold, lent in ((11.0, [44] * 6), (3.0, [20, 4, 4, 4, 4, 4])):
+        model = RouterModel(SEED, make_policy("dynamic", DynamicParams(lend_horizon_s=1.0, reserve_z=0.0)))
+        model.hold["B"] = hold  # B's requests keep a slot this long (p99), whatever lend_horizon_s says
+        _burst_then_idle(model, 2, 7)
+        _burst_then_idle(model, 2, 0)  # A: a known 12 s gap, reserve 44
+        gap = _burst_then_idle(model, 0, 6)
+        assert [a.caps["A"] for a in gap] == lent, hold
+        if hold == 3.0:  # 12 - idle >= 3 s at idle 2, 4, 6, 8 s; called back at idle 10 s
+            assert [a.limits["A"] for a in gap] == [20, 4, 4, 4, 28, 44]
+            assert gap[4].recall_since_ms == {"A": 30_000} and not gap[4].recall_ms
+
+
+def test_a_measured_call_back_sets_the_next_lending_horizon() -> None:
+    model = RouterModel(SEED, make_policy("dynamic", DynamicParams(lend_horizon_s=1.0, reserve_z=0.0)))
+    model.hold["B"] = 3.0
+    _burst_then_idle(model, 2, 7)
+    _burst_then_idle(model, 2, 0)
+    called = _burst_then_idle(model, 0, 5)[-1]
+    assert called.caps["A"] == 4 and called.limits["A"] == 28, "lent down to the floor, call-back begun"
+    ticks = 0
+    while model.allocation is not None and model.allocation.caps["A"] < 44:
+        model.finish("B", 8)  # B's requests end 8 per tick: the reserve is back 10 s after the call-back
+        back = _burst_then_idle(model, 0, 1)[0]
+        ticks += 1
+    assert ticks == 5 and back.recall_ms == {"A": 10_000} and not back.recall_since_ms
+    _burst_then_idle(model, 2, 0)
+    gap = _burst_then_idle(model, 0, 3)
+    # 12 - idle >= 10 s only at the first idle tick: lent once (one step), called back at the next
+    assert [a.caps["A"] for a in gap] == [20, 20, 20] and [a.limits["A"] for a in gap] == [20, 44, 44]
+    model.finish("B", 24)
+    _burst_then_idle(model, 2, 0)
+    model.hold["B"] = 25.0  # B's requests grew past twice the measured 10 s: the reported hold rules
+    assert [a.caps["A"] for a in _burst_then_idle(model, 0, 3)] == [44, 44, 44]
+
+
+def test_the_burst_reserve_covers_a_poisson_peak_sampled_at_ticks() -> None:
+    p = DynamicParams()
+    assert p.reserve_headroom(36) == 10 and p.reserve_headroom(400) == 40 and p.reserve_headroom(0) == 0
+    assert DynamicParams(reserve_z=0.0).reserve_headroom(36) == 4
+    model = RouterModel(SEED, make_policy("dynamic"))
+    _burst_then_idle(model, 2, 7, demand=36)
+    busy = _burst_then_idle(model, 1, 0, demand=36)[-1]
+    # a peak of 36 seen at two ticks: 36 + 1.65 * sqrt(36) -> reserve 46 (with 10 % alone: 40,
+    # and B's long requests took the other 8 at the start of A's burst)
+    assert busy.caps["A"] == 46 and busy.caps["B"] == 50
 
 
 def test_p99_guard_keeps_the_static_share_of_a_tenant_near_its_slo() -> None:

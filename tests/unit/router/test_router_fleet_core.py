@@ -78,12 +78,15 @@ def test_demand_of_several_routers_is_summed_per_tenant() -> None:
     from services.common.fleet import demand_field, merge_demand
     from services.common.records import TenantDemandRecord
 
-    def rec(tenant: str, epoch: str, waiting: int, in_flight: int, p99: float, at: float) -> TenantDemandRecord:
+    def rec(tenant: str, epoch: str, waiting: int, in_flight: int, p99: float, at: float,
+            hold: float = 0.0) -> TenantDemandRecord:
         return TenantDemandRecord(epoch=epoch, rev=1, tenant=tenant, waiting=waiting, in_flight=in_flight,
-                                  p99_latency_s=p99, updated_at_unix_s=at)
+                                  p99_latency_s=p99, p99_hold_s=hold, updated_at_unix_s=at)
 
-    merged = {r.tenant: r for r in merge_demand([rec("A", "e1", 1, 2, 0.5, 10.0), rec("A", "e2", 3, 4, 0.9, 9.0),
+    merged = {r.tenant: r for r in merge_demand([rec("A", "e1", 1, 2, 0.5, 10.0, 0.4),
+                                                 rec("A", "e2", 3, 4, 0.9, 9.0, 0.3),
                                                  rec("B", "e2", 0, 1, 0.1, 8.0)])}
     assert (merged["A"].waiting, merged["A"].in_flight, merged["A"].p99_latency_s) == (4, 6, 0.9)
+    assert merged["A"].p99_hold_s == 0.4, "the worst router's hold: a lent slot may sit behind any of them"
     assert merged["A"].updated_at_unix_s == 10.0 and merged["B"].in_flight == 1
     assert demand_field("A", "r1") == "A@r1"
