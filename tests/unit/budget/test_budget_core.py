@@ -247,7 +247,8 @@ def test_the_lending_horizon_is_the_borrowers_slot_hold_until_a_call_back_is_mea
             assert gap[4].recall_since_ms == {"A": 30_000} and not gap[4].recall_ms
 
 
-def test_a_measured_call_back_sets_the_next_lending_horizon() -> None:
+def _two_timed_call_backs() -> RouterModel:
+    """A (12 s gaps) lends to B (reported p99 hold 3 s) and times two call-backs of it."""
     model = RouterModel(SEED, make_policy("dynamic", DynamicParams(lend_horizon_s=1.0, reserve_z=0.0)))
     model.hold["B"] = 3.0
     _burst_then_idle(model, 2, 7)
@@ -265,9 +266,19 @@ def test_a_measured_call_back_sets_the_next_lending_horizon() -> None:
     # 12 - idle >= 10 s only at the first idle tick: lent once (one step), called back at the next
     assert [a.caps["A"] for a in gap] == [20, 20, 20] and [a.limits["A"] for a in gap] == [20, 44, 44]
     model.finish("B", 24)
+    rest = _burst_then_idle(model, 0, 4)  # the rest of a 12 s gap (a shorter one would stop lending)
+    # that call-back took 4 s: the learned time moves halfway to it
+    assert rest[0].caps["A"] == 44 and rest[0].recall_ms == {"A": 7000}
     _burst_then_idle(model, 2, 0)
-    model.hold["B"] = 25.0  # B's requests grew past twice the measured 10 s: the reported hold rules
-    assert [a.caps["A"] for a in _burst_then_idle(model, 0, 3)] == [44, 44, 44]
+    return model
+
+
+def test_a_measured_call_back_sets_the_next_lending_horizon() -> None:
+    same = _two_timed_call_backs()  # B's hold unchanged: the measured 7 s horizon, lent at idle 2 and 4 s
+    assert [a.caps["A"] for a in _burst_then_idle(same, 0, 3)] == [20, 4, 4]
+    grown = _two_timed_call_backs()
+    grown.hold["B"] = 15.0  # B's requests grew past twice the measured 7 s: the reported hold rules
+    assert [a.caps["A"] for a in _burst_then_idle(grown, 0, 3)] == [44, 44, 44]
 
 
 def test_the_burst_reserve_covers_a_poisson_peak_sampled_at_ticks() -> None:
