@@ -25,7 +25,8 @@ from services.budget.core import DynamicParams
 
 #: one controller parameter changed from its default at a time (seed case)
 SWEEP: tuple[dict[str, Any], ...] = ({"lend_horizon_s": 4.0}, {"lend_horizon_s": 7.0}, {"step_frac": 0.5},
-                                     {"burst_reserve_frac": 0.75}, {"lend_frac": 0.5})
+                                     {"burst_reserve_frac": 0.75}, {"lend_frac": 0.5}, {"reserve_z": 0.0},
+                                     {"reserve_z": 2.33})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from bench.budget.workload import Scenario, TenantLoad
 from services.common.stats import percentile
 from services.driver.chat import CHAT_PATH, open_http, send_chat
@@ -47,6 +49,7 @@ class _Done:
     latency_s: float
     hold_s: float
     tokens: int
+    sent_s: float = 0.0
 
 
 @dataclass
@@ -61,6 +64,31 @@ class LiveRun:
     errors: int
     wall_s: float
     error_samples: list[str] = field(default_factory=list)
+    #: the most the emulated replica's model time has trailed scaled wall time since it started
+    #: (model seconds, ``tao_vllm_sim_max_lag_seconds``, read as the run ends; the policies run in
+    #: turn on one replica, so a later run shows the worst of itself and those before): above
+    #: ~1 s the emulator was short of CPU and throughput measured this machine, not the policy
+    replica_lag_s: float = math.nan
+    #: (model s, caps, limits) every 0.25 model s, and (tenant, sent model s, latency s, held s)
+    #: of each tenant's requests at or above its p99: where a tail came from (diagnosis)
+    timeline: list[tuple[float, dict[str, int], dict[str, int]]] = field(default_factory=list)
+    tail: list[tuple[str, float, float, float]] = field(default_factory=list)
+
+
+async def _replica_lag_s(http: Any, replicas: list[str]) -> float:
+    """The largest ``tao_vllm_sim_max_lag_seconds`` of the replicas (NaN when none answers)."""
+    worst = math.nan
+    for url in replicas:
+        try:
+            async with http.get(url.rstrip("/") + "/metrics") as resp:
+                text = await resp.text()
+        except (TimeoutError, OSError, aiohttp.ClientError):
+            continue
+        for line in text.splitlines():
+            if line.startswith("tao_vllm_sim_max_lag_seconds"):
+                value = float(line.split()[-1])
+                worst = value if math.isnan(worst) else max(worst, value)
+    return worst
 
 
 def _p99(values: list[float]) -> float:
@@ -68,7 +96,7 @@ def _p99(values: list[float]) -> float:
 
 
 async def _run_policy(scenario: Scenario, policy: str, router_url: str, budget_addr: str, model: str,
-                      time_scale: float, seed: int) -> LiveRun:
+                      time_scale: float, seed: int, replicas: list[str]) -> LiveRun:
     import grpc
 
     from tao.budget.v1 import budget_pb2, budget_pb2_grpc
@@ -79,6 +107,7 @@ async def _run_policy(scenario: Scenario, policy: str, router_url: str, budget_a
     done: list[_Done] = []
     errors: list[str] = []
     caps_seen: list[dict[str, int]] = []
+    timeline: list[tuple[float, dict[str, int], dict[str, int]]] = []
     stop = asyncio.Event()
     ids = iter(range(10**9))
 
@@ -113,7 +142,7 @@ async def _run_policy(scenario: Scenario, policy: str, router_url: str, budget_a
                 hold_s = float(out.headers.get("x-tao-hold-ms", "0")) / 1000
                 tokens = int((out.usage or {}).get("completion_tokens", 0))
                 latency = out.total_s - (hold_s if load.kind == "closed" else 0.0)
-                done.append(_Done(load.name, sent + out.total_s, latency, hold_s, tokens))
+                done.append(_Done(load.name, sent + out.total_s, latency, hold_s, tokens, sent))
 
             async def closed_worker(load: TenantLoad) -> None:
                 while not stop.is_set():
@@ -131,9 +160,12 @@ async def _run_policy(scenario: Scenario, policy: str, router_url: str, budget_a
             async def watch_caps() -> None:
                 while not stop.is_set():
                     with_caps = await stub.GetAllocation(budget_pb2.GetAllocationRequest(), timeout=5)
-                    if now() >= scenario.warmup_s:
-                        caps_seen.append(dict(with_caps.allocation.caps))
-                    await asyncio.sleep(1.0 / time_scale)
+                    t = now()
+                    caps, limits = dict(with_caps.allocation.caps), dict(with_caps.allocation.limits)
+                    if t >= scenario.warmup_s:
+                        caps_seen.append(caps)
+                    timeline.append((round(t, 2), caps, limits))
+                    await asyncio.sleep(0.25 / time_scale)
 
             workers = [asyncio.create_task(closed_worker(t)) for t in scenario.tenants if t.kind == "closed"
                        for _ in range(t.outstanding)]
@@ -141,6 +173,7 @@ async def _run_policy(scenario: Scenario, policy: str, router_url: str, budget_a
             watcher = asyncio.create_task(watch_caps())
             await asyncio.sleep(end_s / time_scale)
             stop.set()
+            lag = await _replica_lag_s(http, replicas)
             await asyncio.gather(*opens, *workers, watcher)
             wall = time.perf_counter() - t0
 
@@ -149,14 +182,17 @@ async def _run_policy(scenario: Scenario, policy: str, router_url: str, budget_a
     names = sorted(loads)
     span = scenario.measure_s
     tokens = {n: sum(d.tokens for d in window if d.tenant == n) for n in names}
+    p99 = {n: _p99([d.latency_s for d in window if d.tenant == n]) for n in names}
     return LiveRun(
         policy=policy, total_tokens_per_s=sum(tokens.values()) / span,
         per_tenant_tokens_per_s={n: tokens[n] / span for n in names}, completed_requests=len(window),
-        per_tenant_p99_latency_s={n: _p99([d.latency_s for d in window if d.tenant == n]) for n in names},
+        per_tenant_p99_latency_s=p99,
         per_tenant_mean_wait_s={n: statistics.fmean([d.hold_s for d in window if d.tenant == n] or [math.nan])
                                 for n in names},
         mean_caps={n: statistics.fmean([c.get(n, 0) for c in caps_seen] or [math.nan]) for n in names},
-        errors=len(errors), wall_s=wall, error_samples=errors[:5],
+        errors=len(errors), wall_s=wall, error_samples=errors[:5], replica_lag_s=lag, timeline=timeline,
+        tail=[(d.tenant, round(d.sent_s, 2), round(d.latency_s, 3), round(d.hold_s, 3)) for d in window
+              if d.latency_s >= p99[d.tenant]],
     )
 
 
@@ -179,7 +215,8 @@ def run_live(scenario: Scenario, live_seconds: float, time_scale: float = 1.0, s
         addr = stack.start()
         model = get_profile(sc.profile).model_name
         for policy in LIVE_POLICIES:
-            run = asyncio.run(_run_policy(sc, policy, addr.router_url, addr.budget, model, time_scale, seed))
+            run = asyncio.run(_run_policy(sc, policy, addr.router_url, addr.budget, model, time_scale, seed,
+                                          addr.replicas))
             results["policies"][policy] = run.__dict__
         results["failed_children"] = stack.failed()
     finally:
@@ -193,13 +230,14 @@ def render_live(res: dict[str, Any]) -> list[str]:
              f"{res['warmup_s']:g} s warm-up (model seconds, time scale {res['time_scale']:g}), "
              f"wall {res['wall_s']:.0f} s, logs {res['log_dir']}"]
     lines.append(f"   {'policy':10} {'tok/s':>8} {'per tenant tok/s':>22} {'done':>6} {'p99 per tenant s':>20} "
-                 f"{'mean wait per tenant s':>24} {'mean caps':>14} {'errors':>6}")
+                 f"{'mean wait per tenant s':>24} {'mean caps':>14} {'errors':>6} {'max lag s':>9}")
     for label, r in res["policies"].items():
         def fmt(m: dict[str, float], d: int = 2) -> str:
             return " ".join(f"{k}:{v:,.{d}f}" for k, v in m.items())
         lines.append(f"   {label:10} {r['total_tokens_per_s']:8,.0f} {fmt(r['per_tenant_tokens_per_s'], 0):>22} "
                      f"{r['completed_requests']:6d} {fmt(r['per_tenant_p99_latency_s']):>20} "
-                     f"{fmt(r['per_tenant_mean_wait_s']):>24} {fmt(r['mean_caps'], 0):>14} {r['errors']:6d}")
+                     f"{fmt(r['per_tenant_mean_wait_s']):>24} {fmt(r['mean_caps'], 0):>14} {r['errors']:6d} "
+                     f"{r.get('replica_lag_s', math.nan):9.2f}")
         for e in r["error_samples"]:
             lines.append(f"      error: {e}")
     pol = res["policies"]

@@ -133,6 +133,7 @@ def run_policy(scenario: Scenario, label: str, policy: BudgetPolicy, seed: int,
     live: dict[str, _Req] = {}
     ids = itertools.count()
     reported: dict[str, deque[float]] = {n: deque(maxlen=ROUTER_P99_WINDOW) for n in names}
+    held: dict[str, deque[float]] = {n: deque(maxlen=ROUTER_P99_WINDOW) for n in names}
 
     done: dict[str, list[float]] = {n: [] for n in names}
     waits: dict[str, list[float]] = {n: [] for n in names}
@@ -170,7 +171,7 @@ def run_policy(scenario: Scenario, label: str, policy: BudgetPolicy, seed: int,
     def tick() -> None:
         nonlocal alloc, holds, ticks, preempt_start
         obs = {n: TenantObservation(n, core.tenant_held.get(n, 0), core.tenant_in_flight.get(n, 0), now,
-                                    router_p99(reported[n])) for n in names}
+                                    router_p99(reported[n]), router_p99(held[n])) for n in names}
         state = BudgetState(now, config, obs, alloc, ClusterObservation(engine.kv_cache_usage))
         alloc = policy.reallocate(state)
         core.set_caps(alloc.caps, alloc.limits)  # the router applies the allocation and pumps
@@ -215,6 +216,7 @@ def run_policy(scenario: Scenario, label: str, policy: BudgetPolicy, seed: int,
                     r = live.pop(f.request_id)
                     core.finish(now, r.rid, Usage(f.prompt_tokens, f.output_tokens, f.cached_tokens))
                     reported[r.tenant].append(now - r.arrival_s)  # the router's latency: from arrival
+                    held[r.tenant].append(now - r.admitted_s)  # and its slot hold: from admission
                     load = loads[r.tenant]
                     latency = now - (r.admitted_s if load.kind == "closed" else r.arrival_s)
                     if in_window(now):

@@ -133,4 +133,9 @@ SLO = Scenario(
               PolicySpec("dynamic-slo-blind", "dynamic", (("slo_boost", 1.0), ("slo_guard_frac", 1e9))),
               PolicySpec("dynamic", "dynamic")),
 )
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (SEED, THREE, ADVERSARIAL, SLO)}
+LONG = Scenario(
+    "long-batch", "the seed case with B's requests 2,048 tokens long (~17 s a slot at 48 in flight): a slot lent "
+    "in A's gap comes back long after A's next burst has started",
+    (CHAT_A, replace(BATCH_B, output_tokens=2048)),
+)
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (SEED, THREE, ADVERSARIAL, SLO, LONG)}
