@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from pydantic import Field
 
 from services.budget.core import (
+    MEMORY_FIELDS,
     Allocation,
     BudgetConfig,
     BudgetConfigError,
@@ -97,9 +98,7 @@ def allocation_to_record(alloc: Allocation, epoch: str, decided_at_unix_s: float
     return BudgetAllocationRecord(
         epoch=epoch, rev=alloc.revision, total=alloc.total, caps=dict(alloc.caps), policy=alloc.policy,
         decisions=tuple(_decision_record(d) for d in alloc.decisions), decided_at_unix_s=decided_at_unix_s,
-        limits=dict(alloc.limits), targets=dict(alloc.targets), demand_envelope=dict(alloc.demand_envelope),
-        burst_peak=dict(alloc.burst_peak), idle_ms=dict(alloc.idle_ms), min_gap_ms=dict(alloc.min_gap_ms),
-        recall_since_ms=dict(alloc.recall_since_ms), recall_ms=dict(alloc.recall_ms), computed_at_s=alloc.computed_at_s,
+        limits=dict(alloc.limits), targets=dict(alloc.targets), computed_at_s=alloc.computed_at_s, **alloc.memory(),
     )
 
 
@@ -111,8 +110,7 @@ def allocation_from_record(rec: BudgetAllocationRecord) -> Allocation:
         for d in rec.decisions
     )
     return Allocation(rec.rev, rec.total, rec.caps, rec.limits or rec.caps, rec.policy, rec.computed_at_s,
-                      decisions, rec.targets, rec.demand_envelope, rec.burst_peak, rec.idle_ms,
-                      rec.min_gap_ms, rec.recall_since_ms, rec.recall_ms)
+                      decisions, rec.targets, **{name: getattr(rec, name) for name in MEMORY_FIELDS})
 
 
 def allocation_to_proto(rec: AllocationRecord) -> budget_pb2.Allocation:

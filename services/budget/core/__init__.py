@@ -3,6 +3,7 @@
 
 from services.budget.core.model import (
     MAX_TOTAL_BUDGET,
+    MEMORY_FIELDS,
     Allocation,
     BudgetConfig,
     BudgetConfigError,
@@ -18,6 +19,7 @@ from services.budget.core.registry import POLICIES, BudgetPolicy, UnknownPolicyE
 
 __all__ = [
     "MAX_TOTAL_BUDGET",
+    "MEMORY_FIELDS",
     "POLICIES",
     "Allocation",
     "BudgetConfig",

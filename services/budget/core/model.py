@@ -170,6 +170,11 @@ class Decision:
         return f"{verb} {self.slots} to {self.to_tenant} from {self.from_tenant}: {self.reason}"
 
 
+#: the dynamic controller's memory fields of ``Allocation`` (every policy carries them on, the
+#: allocation record stores them): one list, so a new field is carried everywhere
+MEMORY_FIELDS = ("demand_envelope", "burst_peak", "idle_ms", "min_gap_ms", "recall_since_ms", "recall_ms")
+
+
 @dataclass(frozen=True)
 class Allocation:
     """The result of one tick. Invariants (checked here, so a bad allocation cannot exist):
@@ -198,15 +203,8 @@ class Allocation:
     recall_ms: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "caps", _frozen_map(self.caps))
-        object.__setattr__(self, "burst_peak", _frozen_map(self.burst_peak))
-        object.__setattr__(self, "idle_ms", _frozen_map(self.idle_ms))
-        object.__setattr__(self, "min_gap_ms", _frozen_map(self.min_gap_ms))
-        object.__setattr__(self, "recall_since_ms", _frozen_map(self.recall_since_ms))
-        object.__setattr__(self, "recall_ms", _frozen_map(self.recall_ms))
-        object.__setattr__(self, "limits", _frozen_map(self.limits))
-        object.__setattr__(self, "targets", _frozen_map(self.targets))
-        object.__setattr__(self, "demand_envelope", _frozen_map(self.demand_envelope))
+        for name in ("caps", "limits", "targets", *MEMORY_FIELDS):
+            object.__setattr__(self, name, _frozen_map(getattr(self, name)))
         if sum(self.caps.values()) != self.total:
             raise ValueError(f"caps sum to {sum(self.caps.values())}, not the total {self.total}")
         if set(self.caps) != set(self.limits):
@@ -216,6 +214,10 @@ class Allocation:
         for name, cap in self.caps.items():
             if cap < 0 or self.limits[name] < 0:
                 raise ValueError(f"tenant {name!r}: cap {cap} and limit {self.limits[name]} must be >= 0")
+
+    def memory(self) -> dict[str, dict[str, int]]:
+        """The memory fields as plain dicts (``MEMORY_FIELDS``), to carry into the next allocation."""
+        return {name: dict(getattr(self, name)) for name in MEMORY_FIELDS}
 
     @property
     def moved_to(self) -> tuple[str, ...]:

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from services.budget.core.model import Allocation, BudgetConfig, BudgetState, Decision, TenantObservation
 from services.budget.core.reconcile import normalise, transfer, unobserved_in_transit
@@ -81,9 +81,8 @@ def _hold_in_transit(state: BudgetState, observed: Mapping[str, TenantObservatio
         return None
     prev = state.previous
     reason = f"{', '.join(missing)} unobserved while slots are in transit: allocation held"
-    return Allocation(prev.revision + 1, prev.total, prev.caps, prev.limits, policy, state.now_s,
-                      (Decision("hold", reason),), prev.targets, prev.demand_envelope, prev.burst_peak,
-                      prev.idle_ms, prev.min_gap_ms, prev.recall_since_ms, prev.recall_ms)
+    return replace(prev, revision=prev.revision + 1, policy=policy, computed_at_s=state.now_s,
+                   decisions=(Decision("hold", reason),))
 
 
 def _prev_limits(state: BudgetState, caps: Mapping[str, int], normalised: list[Decision]) -> Mapping[str, int]:
@@ -129,12 +128,9 @@ class StaticPolicy:
         decisions += moves
         if not any(d.kind == "move" for d in decisions):
             decisions.append(Decision("hold", "static split" if not receivers else "waiting for slots to free"))
-        prev = state.previous
-        env = dict(prev.demand_envelope) if prev else {}
+        memory = state.previous.memory() if state.previous else {}
         return Allocation(_next_revision(state), config.total, caps, limits, self.name, state.now_s,
-                          tuple(decisions), targets, env, dict(prev.burst_peak) if prev else {},
-                          dict(prev.idle_ms) if prev else {}, dict(prev.min_gap_ms) if prev else {},
-                          dict(prev.recall_since_ms) if prev else {}, dict(prev.recall_ms) if prev else {})
+                          tuple(decisions), targets, **memory)
 
 
 @dataclass(frozen=True)
