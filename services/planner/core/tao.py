@@ -88,14 +88,25 @@ class DecodeStepFit:
     c0 + c1·batch + c2·kv_tokens, the least-squares fit of the engine model's decode step
     (``services/sim/engine/step_time.py``, ``decode_step_time_s``) on qwen3-32b-h100x2, batch
     1–64 × 1k–96k tokens each, within 0.1 % everywhere: the profile of ``ContinuumConfig``'s
-    prefill fit (about 14.4 ms for one short sequence, 35 ms for four of 96k tokens)."""
+    prefill fit (about 14.4 ms for one short sequence, 35 ms for four of 96k tokens).
+
+    For a mixture-of-experts model a step also reads the routed experts its tokens touch: with
+    each of ``batch`` tokens picking k of E experts, a share ``1 − (1 − k/E)^batch`` of them
+    (the engine model's weight read, ``StepTimeModel.weight_bytes_read``), which no term linear
+    in the batch fits (the GLM profile's linear fit was off by up to 32 %). ``expert_miss`` is
+    ``1 − k/E`` from the model's config (1.0, no term, for a dense model) and
+    ``per_expert_share_s`` the time to read all routed experts once."""
 
     constant_s: float = 1.444e-2
     per_seq_s: float = 6.41e-5
     per_kv_token_s: float = 5.22e-8
+    per_expert_share_s: float = 0.0
+    expert_miss: float = 1.0
 
     def step_s(self, batch: int, kv_tokens: int) -> float:
-        return self.constant_s + self.per_seq_s * max(1, batch) + self.per_kv_token_s * max(0, kv_tokens)
+        b = max(1, batch)
+        experts = self.per_expert_share_s * (1.0 - self.expert_miss**b) if self.per_expert_share_s else 0.0
+        return self.constant_s + self.per_seq_s * b + self.per_kv_token_s * max(0, kv_tokens) + experts
 
 
 @dataclass(frozen=True, slots=True)
