@@ -25,7 +25,6 @@ from rich.console import Console
 from bench.sim.agreement import agreement_table, grid_agreement, load_grid
 from bench.sim.grid import (
     FAST_ABLATIONS,
-    FAST_MAX_TURNS,
     FAST_POLICIES,
     GRID,
     QUICK_ABLATIONS,
@@ -109,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.json_out).write_text(json.dumps(result, indent=2))
         return 0
 
-    points: tuple[GridPoint, ...] = quick_grid() if args.quick else fast_grid(args.seed) if args.fast else GRID
-    max_turns = QUICK_MAX_TURNS if args.quick else FAST_MAX_TURNS if args.fast else None
+    points: tuple[GridPoint, ...] = quick_grid() if args.quick else fast_grid() if args.fast else GRID
+    max_turns = QUICK_MAX_TURNS if args.quick else None
     try:
         scales = parse_scales(args.sessions_scale, {p.setup for p in points})
     except ValueError as exc:
@@ -147,9 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print("sessions per configuration (scaled): "
                       + ", ".join(f"{p.key} {p.sessions}" for p in points))
     if args.fast:
-        console.print("fast grid (sessions / concurrency / KV blocks per replica, max "
-                      f"{FAST_MAX_TURNS} turns): " + ", ".join(f"{p.key} {p.sessions}/{p.concurrency}/{p.num_gpu_blocks}"
-                                                                for p in points))
+        console.print("fast grid (sessions / concurrency / KV blocks per replica, full-length sessions): "
+                      + ", ".join(f"{p.key} {p.sessions}/{p.concurrency}/{p.num_gpu_blocks}" for p in points))
     results, wall = run_grid(points, policies_of, args.seed, max_turns,
                              args.jobs, on_result, Path(args.checkpoint) if args.checkpoint else None,
                              kv_events_credit=args.kv_events_credit)

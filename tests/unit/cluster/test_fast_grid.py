@@ -10,16 +10,9 @@ import pytest
 
 from bench.sim.__main__ import main as bench_main
 from bench.sim.agreement import grid_agreement
-from bench.sim.grid import (
-    ABLATIONS,
-    FAST_MAX_TURNS,
-    FAST_POLICIES,
-    FAST_SUFFIX,
-    GRID,
-    _occupancy_and_max,
-    fast_grid,
-)
+from bench.sim.grid import FAST_MAX_WAVES, FAST_POLICIES, FAST_SCALE, FAST_SUFFIX, GRID, fast_grid
 from services.sim.workload.generate import GenerateOptions, generate
+from services.sim.workload.trace import TraceSession
 
 
 def test_fast_grid_mirrors_the_full_grid() -> None:
@@ -29,34 +22,38 @@ def test_fast_grid_mirrors_the_full_grid() -> None:
         assert f.key == p.key + FAST_SUFFIX
         assert (f.setup, f.profile, f.replicas, f.kind, f.ablation) == (p.setup, p.profile, p.replicas, p.kind,
                                                                        p.ablation)
-        assert f.concurrency <= p.concurrency and f.sessions <= p.sessions and f.sessions >= f.concurrency
-        assert f.num_gpu_blocks is not None and f.num_gpu_blocks < p.profile.default_num_gpu_blocks
+        assert f.concurrency < p.concurrency and f.concurrency <= f.sessions < p.sessions
     # three concurrency levels per setup, ascending, the ablations at the middle one
     for i in range(0, 12, 3):
         levels = fast[i:i + 3]
         assert levels[0].concurrency < levels[1].concurrency < levels[2].concurrency
         assert [q.ablation for q in levels] == [False, True, False]
-    assert {"tao", "tao-paper", "oracle", "thunderagent", "continuum", "cache_aware", "sjf", "round_robin",
-            "least_loaded"} == set(FAST_POLICIES)
-    assert set(ABLATIONS) == {"tao-no-decay", "tao-no-readiness", "tao-ta-pause", "tao-bfd"}
+    assert set(FAST_POLICIES) == {"tao", "thunderagent", "continuum", "sjf"}
 
 
-def test_fast_grid_keeps_the_contention_ratio() -> None:
-    """concurrency x turn-weighted mean prompt / total KV tokens stays the full grid's (±3 %)."""
+def test_fast_grid_keeps_the_contention_ratio_and_the_waves() -> None:
+    """Concurrency over KV tokens stays the full grid's (sessions are whole, so the mean context
+    is the same trace's), and the closed loop turns over the full grid's waves up to the cap."""
     for f, p in zip(fast_grid(), GRID, strict=True):
-        occ_full, _ = _occupancy_and_max(p.kind, p.sessions, 0, None)
-        occ_fast, _ = _occupancy_and_max(f.kind, f.sessions, 0, FAST_MAX_TURNS)
-        rho_full = p.concurrency * occ_full / (p.replicas * p.profile.default_num_gpu_blocks * p.profile.block_size)
+        full_kv = p.replicas * p.profile.default_num_gpu_blocks * p.profile.block_size
         assert f.num_gpu_blocks is not None
-        rho_fast = f.concurrency * occ_fast / (f.replicas * f.num_gpu_blocks * f.profile.block_size)
-        assert rho_fast == pytest.approx(rho_full, rel=0.03), f.key
+        fast_kv = f.replicas * f.num_gpu_blocks * f.profile.block_size
+        assert f.concurrency / fast_kv == pytest.approx(p.concurrency / full_kv, rel=0.03), f.key
+        assert f.concurrency == pytest.approx(p.concurrency * FAST_SCALE, abs=1)
+        assert f.sessions / f.concurrency == pytest.approx(min(p.sessions / p.concurrency, FAST_MAX_WAVES),
+                                                           rel=0.03), f.key
 
 
-def test_every_session_of_the_fast_grid_fits_its_replica() -> None:
-    for f in fast_grid():
+def test_the_fast_grids_sessions_are_the_full_grids_first_sessions_whole_and_fit() -> None:
+    traces: dict[tuple[str, int], list[TraceSession]] = {}
+    for f, p in zip(fast_grid(), GRID, strict=True):
+        full = traces.setdefault((p.kind, p.sessions),
+                                 list(generate(GenerateOptions(kind=p.kind, sessions=p.sessions, seed=0))))
+        fast = list(generate(GenerateOptions(kind=f.kind, sessions=f.sessions, seed=0)))
+        assert fast == full[: f.sessions], f.key
         assert f.num_gpu_blocks is not None
         capacity = min(f.num_gpu_blocks * f.profile.block_size, f.profile.max_model_len)
-        for s in generate(GenerateOptions(kind=f.kind, sessions=f.sessions, seed=0, max_turns=FAST_MAX_TURNS)):
+        for s in fast:
             last = len(s.turns) - 1
             assert s.prompt_tokens(last) + s.turns[last].output_tokens < capacity, (f.key, s.session_id)
 
