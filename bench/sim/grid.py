@@ -97,8 +97,8 @@ QUICK_MAX_TURNS = 12
 #
 # ``python -m bench.sim --fast``: the same 12 configurations (setups, profiles, replica counts,
 # workload kinds, three concurrency levels) scaled down to run in under 10 min wall with
-# ``--jobs 2`` on a 2-core machine (8 min 22 s measured), for iterating on a policy against its peers. The scaling
-# keeps the sessions whole and the contention regime:
+# ``--jobs 2`` on a 2-core machine (8 min 22 s measured), for iterating on a policy against its
+# peers. The scaling keeps the sessions whole and the contention regime:
 #
 # 1. sessions are full length: session i is session i of the full grid's trace (the generator's
 #    sessions do not depend on how many are drawn). A turn cap, the earlier rule, shortened
