@@ -24,7 +24,6 @@ from rich.console import Console
 
 from bench.sim.agreement import agreement_table, grid_agreement, load_grid
 from bench.sim.grid import (
-    FAST_ABLATIONS,
     FAST_POLICIES,
     GRID,
     QUICK_ABLATIONS,
@@ -127,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.quick:
             chosen = QUICK_POLICIES + (QUICK_ABLATIONS if p.ablation else ())
         elif args.fast:
-            chosen = FAST_POLICIES + (FAST_ABLATIONS if p.ablation else ())
+            chosen = FAST_POLICIES
         else:
             chosen = p.policies
         if args.policies:

@@ -128,7 +128,6 @@ QUICK_MAX_TURNS = 12
 FAST_SCALE = 0.5
 FAST_MAX_WAVES = 2.0
 FAST_POLICIES: tuple[str, ...] = ("tao", "thunderagent", "continuum", "sjf")
-FAST_ABLATIONS: tuple[str, ...] = ()
 FAST_SUFFIX = "/fast"
 
 

@@ -105,8 +105,8 @@ class DecodeStepFit:
 
     def step_s(self, batch: int, kv_tokens: int) -> float:
         b = max(1, batch)
-        experts = self.per_expert_share_s * (1.0 - self.expert_miss**b) if self.per_expert_share_s else 0.0
-        return self.constant_s + self.per_seq_s * b + self.per_kv_token_s * max(0, kv_tokens) + experts
+        return (self.constant_s + self.per_seq_s * b + self.per_kv_token_s * max(0, kv_tokens)
+                + self.per_expert_share_s * (1.0 - self.expert_miss**b))
 
 
 @dataclass(frozen=True, slots=True)
