@@ -64,8 +64,14 @@ def point_lower_bound(point: GridPoint, seed: int, max_turns: int | None) -> Low
     return cached_lower_bound(_trace(point.kind, point.sessions, seed, max_turns), point.profile)
 
 
-def load_checkpoint(path: Path | None) -> dict[tuple[str, str, int], dict[str, Any]]:
-    """Results already recorded in a checkpoint (JSONL), keyed by (point, policy, sessions)."""
+def grid_key(r: dict[str, Any]) -> tuple[str, str, int]:
+    """A grid result's checkpoint key: (point, policy, sessions)."""
+    return r["point"], r["policy"], r["sessions"]
+
+
+def load_checkpoint(path: Path | None, key: Callable[[dict[str, Any]], tuple[str, str, int]] = grid_key,
+                    ) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """Results already recorded in a checkpoint (JSONL), by ``key`` (the grid's: ``grid_key``)."""
     done: dict[tuple[str, str, int], dict[str, Any]] = {}
     if path is None or not path.exists():
         return done
@@ -73,7 +79,7 @@ def load_checkpoint(path: Path | None) -> dict[tuple[str, str, int], dict[str, A
         if line.strip():
             r = json.loads(line)
             upgrade_metrics(r["metrics"])  # results written before the decode-throughput rename
-            done[(r["point"], r["policy"], r["sessions"])] = r
+            done[key(r)] = r
     return done
 
 

@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.sim.grid import GridPoint
-from bench.sim.run import Task, run_task
+from bench.sim.run import Task, load_checkpoint, run_task
 from services.sim.engine.profiles import QWEN3_32B_H100X2
 
 FIRST_SEED = 1000
@@ -107,15 +107,9 @@ def seeds_of(traces: int, first_seed: int = FIRST_SEED) -> list[int]:
     return list(range(first_seed, first_seed + traces))
 
 
-def load_checkpoint(path: Path | None) -> dict[tuple[str, str, int], dict[str, Any]]:
-    done: dict[tuple[str, str, int], dict[str, Any]] = {}
-    if path is None or not path.exists():
-        return done
-    for line in path.read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            done[(r["point"], r["policy"], r["seed"])] = r
-    return done
+def seed_key(r: dict[str, Any]) -> tuple[str, str, int]:
+    """This benchmark's checkpoint key: (scenario, policy, trace seed)."""
+    return r["point"], r["policy"], r["seed"]
 
 
 def run(points: Sequence[GridPoint], policies_of: Callable[[GridPoint], Sequence[str]], seeds: Sequence[int],
@@ -123,7 +117,7 @@ def run(points: Sequence[GridPoint], policies_of: Callable[[GridPoint], Sequence
     """Every (scenario, trace seed, policy) simulation: results (as ``bench.sim.run.run_task``
     returns them, plus ``seed``) and the wall time. With ``checkpoint`` (JSONL) results are appended
     as they arrive and reused on the next run."""
-    done = load_checkpoint(checkpoint)
+    done = load_checkpoint(checkpoint, seed_key)
     wanted = {(p.key, pol, seed) for p in points for seed in seeds for pol in policies_of(p)}
     tasks = [Task(p, pol, seed, None) for p in points for seed in seeds for pol in policies_of(p)
              if (p.key, pol, seed) not in done]
