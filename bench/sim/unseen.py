@@ -232,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     if incomplete:
         console.print(f"left out (sessions did not complete): {incomplete}")
     cpu = sum(float(r["cpu_s"]) for r in results)
-    console.print(f"traces: seeds {seeds[0]}–{seeds[-1]}; {len(results)} simulations, {cpu:,.0f} s CPU, "
-                  f"{wall:,.0f} s wall with --jobs {args.jobs}")
+    console.print(f"traces: seeds {seeds[0]}–{seeds[-1]}; {len(results)} simulations, {cpu:,.0f} s CPU in all "
+                  f"(checkpointed ones included), {wall:,.0f} s wall for this run with --jobs {args.jobs}")
     if args.json:
         args.json.write_text(json.dumps({"seeds": seeds, "policies": {pt.key: policies_of(pt) for pt in points},
                                          "results": results,
