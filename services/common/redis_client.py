@@ -122,7 +122,9 @@ def make_redis(settings: ServiceSettings) -> aioredis.Redis:
                                               "decode_responses": True}
         if settings.redis_sentinel_password is not None:
             sentinel_kwargs["password"] = settings.redis_sentinel_password.get_secret_value()
-        sentinel = Sentinel(list(target.nodes), sentinel_kwargs=sentinel_kwargs, **kwargs)  # type: ignore[no-untyped-call]
+        # redis-py 8.2 types Sentinel's parameters (before: untyped); the kwargs are the client's
+        sentinel = Sentinel(list(target.nodes), sentinel_kwargs=sentinel_kwargs,  # type: ignore[no-untyped-call, unused-ignore]
+                            **cast(dict[str, Any], kwargs))
         client = cast(aioredis.Redis, sentinel.master_for(target.service_name, db=target.db))
     elif target.kind == "cluster":
         cluster = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in target.nodes], **kwargs)  # type: ignore[arg-type]
