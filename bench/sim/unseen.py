@@ -3,13 +3,14 @@ intervals (docs/benchmarks.md#fresh-traces-paired).
 
 The grid (``python -m bench.sim``) runs one trace per configuration, so a policy's margin there is
 one draw: on one trace the seed of the predictor's exploration alone moves ``tao``'s mean task
-latency by ±2.5 % (three seeds, docs/benchmarks.md#fresh-traces-paired), and the trace itself by
-more, as much as most margins the grid reports. Users judge TAO on their own workloads, not on ours, so this benchmark draws traces the
-policies were never tuned on (generator seeds from ``FIRST_SEED``, far from the grid's 0–2), runs
-every policy on each of them, and reports per metric the geometric mean over traces of each
-policy's ratio to the reference policy (the first one, ``tao`` by default), its 95 % confidence
-interval (Student's t over the per-trace log ratios: the traces are independent, the policies on
-one trace are paired), and on how many traces the policy was better than the reference.
+latency by ±2.5 % (three seeds, docs/benchmarks.md#fresh-traces-paired), and the trace itself
+by more, as much as most margins the grid reports. Users judge TAO on their own workloads, not
+on ours, so this benchmark draws traces the policies were never tuned on (generator seeds from
+``FIRST_SEED``, far from the grid's 0–2), runs every policy on each of them, and reports per
+metric the geometric mean over traces of each policy's ratio to the reference policy (the first
+one, ``tao`` by default), its 95 % confidence interval (Student's t over the per-trace log
+ratios: the traces are independent, the policies on one trace are paired), and on how many
+traces the policy was better than the reference.
 
 Scenarios (``SCENARIOS``): the issue-13 "new user" setup (160 sessions of one workload kind on 4
 replicas of ``qwen3-32b-h100x2`` at concurrency 128) for the three agent kinds, and the tight-KV
@@ -175,8 +176,7 @@ def _cell(m: dict[str, Any], traces: int) -> str:
         return "—"
     if "ratio" not in m:
         return f"{m['mean']:,.2f}"
-    pct = _pct
-    return f"{m['mean']:,.2f}  {pct(m['ratio'])} % [{pct(m['low'])}, {pct(m['high'])}]  {m['better']}/{traces}"
+    return f"{m['mean']:,.2f}  {_pct(m['ratio'])} % [{_pct(m['low'])}, {_pct(m['high'])}]  {m['better']}/{traces}"
 
 
 def table(point: str, summary: dict[str, Any], policies: Sequence[str]) -> Table:
