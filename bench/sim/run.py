@@ -48,6 +48,7 @@ def run_task(task: Task) -> dict[str, Any]:
     return {
         "point": p.key,
         "policy": task.policy,
+        "seed": task.seed,
         "sessions": p.sessions,
         "metrics": out.metrics,
         "wall_s": out.wall_s,
@@ -83,6 +84,31 @@ def load_checkpoint(path: Path | None, key: Callable[[dict[str, Any]], tuple[str
     return done
 
 
+def execute(tasks: Sequence[Task], jobs: int, record: Callable[[dict[str, Any]], None],
+            checkpoint: Path | None = None) -> None:
+    """Run ``tasks`` (in a process pool of ``jobs`` when more than one), handing each result to
+    ``record`` as it arrives and, with ``checkpoint``, appending it to that JSONL file first."""
+    sink = checkpoint.open("a") if checkpoint is not None else None
+
+    def done(r: dict[str, Any]) -> None:
+        if sink is not None:
+            sink.write(json.dumps(r) + "\n")
+            sink.flush()
+        record(r)
+
+    try:
+        if jobs <= 1:
+            for t in tasks:
+                done(run_task(t))
+        else:
+            with ProcessPoolExecutor(max_workers=jobs) as pool:
+                for f in as_completed([pool.submit(run_task, t) for t in tasks]):
+                    done(f.result())
+    finally:
+        if sink is not None:
+            sink.close()
+
+
 def run_grid(
     points: Sequence[GridPoint],
     policies_of: Callable[[GridPoint], Sequence[str]],
@@ -107,30 +133,14 @@ def run_grid(
             results[order[(t.point.key, t.policy)]] = prev
         else:
             todo.append(t)
-    tasks = todo
-    sink = checkpoint.open("a") if checkpoint is not None else None
 
     def record(r: dict[str, Any]) -> None:
         results[order[(r["point"], r["policy"])]] = r
-        if sink is not None:
-            sink.write(json.dumps(r) + "\n")
-            sink.flush()
         if on_result:
             on_result(r)
 
     t0 = time.perf_counter()
-    try:
-        if jobs <= 1:
-            for t in tasks:
-                record(run_task(t))
-        else:
-            # Longest first: the high-concurrency points dominate.
-            tasks_sorted = sorted(tasks, key=lambda t: -(t.point.sessions * t.point.concurrency))
-            with ProcessPoolExecutor(max_workers=jobs) as pool:
-                futures = [pool.submit(run_task, t) for t in tasks_sorted]
-                for f in as_completed(futures):
-                    record(f.result())
-    finally:
-        if sink is not None:
-            sink.close()
+    if jobs > 1:  # longest first: the high-concurrency points dominate
+        todo.sort(key=lambda t: -(t.point.sessions * t.point.concurrency))
+    execute(todo, jobs, record, checkpoint)
     return [r for r in results if r is not None], time.perf_counter() - t0

@@ -27,7 +27,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.sim.grid import GridPoint
-from bench.sim.run import Task, load_checkpoint, run_task
+from bench.sim.run import Task, execute, load_checkpoint
 from services.sim.engine.profiles import QWEN3_32B_H100X2
 
 FIRST_SEED = 1000
@@ -116,35 +115,15 @@ def seed_key(r: dict[str, Any]) -> tuple[str, str, int]:
 def run(points: Sequence[GridPoint], policies_of: Callable[[GridPoint], Sequence[str]], seeds: Sequence[int],
         jobs: int, checkpoint: Path | None = None) -> tuple[list[dict[str, Any]], float]:
     """Every (scenario, trace seed, policy) simulation: results (as ``bench.sim.run.run_task``
-    returns them, plus ``seed``) and the wall time. With ``checkpoint`` (JSONL) results are appended
+    returns them) and the wall time. With ``checkpoint`` (JSONL) results are appended
     as they arrive and reused on the next run."""
     done = load_checkpoint(checkpoint, seed_key)
     wanted = {(p.key, pol, seed) for p in points for seed in seeds for pol in policies_of(p)}
     tasks = [Task(p, pol, seed, None) for p in points for seed in seeds for pol in policies_of(p)
              if (p.key, pol, seed) not in done]
     results = [r for key, r in done.items() if key in wanted]
-    sink = checkpoint.open("a") if checkpoint is not None else None
-
-    def record(task: Task, r: dict[str, Any]) -> None:
-        r["seed"] = task.seed
-        results.append(r)
-        if sink is not None:
-            sink.write(json.dumps(r) + "\n")
-            sink.flush()
-
     t0 = time.perf_counter()
-    try:
-        if jobs <= 1:
-            for t in tasks:
-                record(t, run_task(t))
-        else:
-            with ProcessPoolExecutor(max_workers=jobs) as pool:
-                futures = {pool.submit(run_task, t): t for t in tasks}
-                for f in as_completed(futures):
-                    record(futures[f], f.result())
-    finally:
-        if sink is not None:
-            sink.close()
+    execute(tasks, jobs, results.append, checkpoint)
     return results, time.perf_counter() - t0
 
 

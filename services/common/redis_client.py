@@ -96,7 +96,9 @@ def make_redis(settings: ServiceSettings) -> aioredis.Redis:
     scripts and pub/sub, which both provide.
     """
     target = parse_redis_url(settings.redis_url)
-    kwargs: dict[str, object] = {
+    # the client options every kind of client takes as keyword arguments (typed per parameter by
+    # redis-py 8.2, untyped before)
+    kwargs: dict[str, Any] = {
         "socket_timeout": settings.redis_timeout_s,
         "socket_connect_timeout": settings.redis_timeout_s,
         "retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
@@ -122,12 +124,10 @@ def make_redis(settings: ServiceSettings) -> aioredis.Redis:
                                               "decode_responses": True}
         if settings.redis_sentinel_password is not None:
             sentinel_kwargs["password"] = settings.redis_sentinel_password.get_secret_value()
-        # redis-py 8.2 types Sentinel's parameters (before: untyped); the kwargs are the client's
-        sentinel = Sentinel(list(target.nodes), sentinel_kwargs=sentinel_kwargs,  # type: ignore[no-untyped-call, unused-ignore]
-                            **cast(dict[str, Any], kwargs))
+        sentinel = Sentinel(list(target.nodes), sentinel_kwargs=sentinel_kwargs, **kwargs)  # type: ignore[no-untyped-call, unused-ignore]
         client = cast(aioredis.Redis, sentinel.master_for(target.service_name, db=target.db))
     elif target.kind == "cluster":
-        cluster = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in target.nodes], **kwargs)  # type: ignore[arg-type]
+        cluster = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in target.nodes], **kwargs)
         # RedisCluster picks its connection class itself (no parameter): every node it creates
         # later is built from the manager's connection kwargs, the seeds already exist
         manager = cluster.nodes_manager
@@ -137,7 +137,7 @@ def make_redis(settings: ServiceSettings) -> aioredis.Redis:
             node.connection_class = loop_neutral(node.connection_class)
         return cast(aioredis.Redis, cluster)
     else:
-        client = aioredis.Redis.from_url(settings.redis_url, **kwargs)  # type: ignore[arg-type]
+        client = aioredis.Redis.from_url(settings.redis_url, **kwargs)
     pool = client.connection_pool
     pool.connection_class = loop_neutral(pool.connection_class)
     return client

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import bench.sim.run as bench_run
 import bench.sim.unseen as unseen
 from bench.sim.grid import GridPoint
 from bench.sim.unseen import (
@@ -104,13 +105,13 @@ TINY = GridPoint("tiny/swe-lite/n3", "tiny", QWEN3_32B_H100X2, 1, "swe-lite", 3,
 def test_run_simulates_each_pair_once_and_resumes_from_the_checkpoint(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[str, int]] = []
-    real = unseen.run_task
+    real = bench_run.run_task
 
     def counted(task: Any) -> dict[str, Any]:
         calls.append((task.policy, task.seed))
         return real(task)
 
-    monkeypatch.setattr(unseen, "run_task", counted)
+    monkeypatch.setattr(bench_run, "run_task", counted)  # what bench.sim.run.execute calls
     ck = tmp_path / "ck.jsonl"
     results, _ = run([TINY], lambda _: ["tao", "sjf"], [7, 8], jobs=1, checkpoint=ck)
     assert sorted(calls) == [("sjf", 7), ("sjf", 8), ("tao", 7), ("tao", 8)]
