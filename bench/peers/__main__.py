@@ -7,7 +7,8 @@ read from the replicas). Systems run one after another, in rounds (``--repeat``)
 reversed every other round so slow drift of the machine hits all alike; the table shows the
 mean over the rounds and the run-to-run spread ((max − min) / mean) of latency and TTFT.
 
-The peers (`vllm-router`, `sglang-router`) are installed from PyPI into their own venv
+The peers (`vllm-router`, `sglang-router`, and `ai-dynamo-runtime` with aiohttp for `dynamo:kv`)
+are installed from PyPI into their own venv
 (``--venv``, default ~/.cache/tao-peers/venv; reused when present), never into this
 package's environment. The real ThunderAgent (``thunderagent-real``) is pip-installed into the
 same venv from the checkout given with ``--thunderagent-src`` (skipped without one). A system
@@ -31,9 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.peers.core import (
+    EXTRA_REQUIREMENTS,
+    IMPORTS,
     KV_EVENTS_CONFIG,
     THUNDERAGENT_REAL,
     System,
+    dynamo_kv_args,
     kv_event_router_args,
     markdown_table,
     parse_systems,
@@ -59,7 +63,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--systems", default="default",
-                    help="comma-separated: floor, vllm-router:POLICY, sglang-router:POLICY, tao:POLICY, "
+                    help="comma-separated: floor, vllm-router:POLICY, sglang-router:POLICY, dynamo:kv, tao:POLICY, "
                          f"{THUNDERAGENT_REAL} (the ThunderAgent project's proxy; needs --thunderagent-src; "
                          f"{THUNDERAGENT_REAL}:model-time: its 5 s intervals in model time); "
                          "'default' and 'all' expand (bench/peers/core.py)")
@@ -80,6 +84,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="pip requirement for vllm-router (default: the version docs/benchmarks.md measured)")
     ap.add_argument("--sglang-router-spec", default="sglang-router==0.3.2",
                     help="pip requirement for sglang-router (default: the version docs/benchmarks.md measured)")
+    ap.add_argument("--ai-dynamo-runtime-spec", default="ai-dynamo-runtime==1.6.1",
+                    help="pip requirement for NVIDIA Dynamo's runtime (dynamo:kv; default: the version "
+                         "docs/benchmarks.md measured)")
     ap.add_argument("--thunderagent-src", type=Path, default=None, metavar="DIR",
                     help=f"a checkout of ThunderAgent (github.com/ThunderAgent-org/ThunderAgent) for {THUNDERAGENT_REAL}: "
                          "pip-installed into --venv; without it that system is skipped")
@@ -162,20 +169,31 @@ def ensure_thunderagent(venv: Path, src: Path) -> tuple[str | None, str | None]:
     return f"{proc.stdout.strip() or '?'} from {ident}", None
 
 
+def _installed(bin_dir: Path, package: str) -> bool:
+    """``package`` is usable in the venv: its console script exists, or (``IMPORTS``) its modules
+    import."""
+    if package not in IMPORTS:
+        return (bin_dir / package).exists()
+    proc = subprocess.run([str(bin_dir / "python"), "-c", "; ".join(f"import {m}" for m in IMPORTS[package])],
+                          capture_output=True, text=True)
+    return proc.returncode == 0
+
+
 def ensure_peers(venv: Path, specs: dict[str, str]) -> tuple[str, dict[str, str], dict[str, str]]:
     """Create ``venv`` if needed and pip-install the packages of ``specs`` ({package: requirement})
-    whose console script is missing. Returns (bin dir, {package: version}, {package: why it is
-    not available})."""
+    that are not usable yet (``_installed``), with their ``EXTRA_REQUIREMENTS``. Returns (bin dir,
+    {package: version}, {package: why it is not available})."""
     bin_dir = venv / "bin"
     failed: dict[str, str] = {}
     why = _ensure_venv(venv)
     if why:
         return str(bin_dir), {}, {p: why for p in specs}
-    missing = [p for p in specs if not (bin_dir / p).exists()]
+    missing = [p for p in specs if not _installed(bin_dir, p)]
     if missing:
-        print(f"bench.peers: installing {', '.join(specs[p] for p in missing)} into {venv} …", flush=True)
-        proc = subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q",
-                               *(specs[p] for p in missing)], capture_output=True, text=True)
+        reqs = [r for p in missing for r in (specs[p], *EXTRA_REQUIREMENTS.get(p, ()))]
+        print(f"bench.peers: installing {', '.join(reqs)} into {venv} …", flush=True)
+        proc = subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q", *reqs],
+                              capture_output=True, text=True)
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             for p in missing:
@@ -187,7 +205,7 @@ def ensure_peers(venv: Path, specs: dict[str, str]) -> tuple[str, dict[str, str]
         proc = subprocess.run([str(bin_dir / "python"), "-c",
                                f"import importlib.metadata as m; print(m.version({p!r}))"],
                               capture_output=True, text=True)
-        if proc.returncode == 0 and (bin_dir / p).exists():
+        if proc.returncode == 0 and _installed(bin_dir, p):
             versions[p] = proc.stdout.strip()
         else:
             failed[p] = f"{p} not importable in {venv}: {proc.stderr.strip()[-200:]}"
@@ -218,6 +236,12 @@ def _kv_event_sources(replicas: list[str]) -> dict[str, dict[str, Any]]:
             raise RuntimeError(f"{url}/kv_event_sources lists no publisher")
         out[url] = sources[0]
     return out
+
+
+def _max_model_len(replica: str) -> int:
+    """The replica's context length, as vLLM's ``GET /v1/models`` reports it (``max_model_len``)."""
+    with urllib.request.urlopen(f"{replica}/v1/models", timeout=10) as resp:
+        return int(json.loads(resp.read())["data"][0]["max_model_len"])
 
 
 async def _drive(url: str, sessions: list[TraceSession], replicas: list[str], args: argparse.Namespace,
@@ -255,7 +279,12 @@ def run_one(system: System, sessions: list[TraceSession], args: argparse.Namespa
         kv_args: list[str] = []
         if system.needs_kv_events:
             profile = get_profile(args.profile)
-            kv_args = kv_event_router_args(_kv_event_sources(replicas), profile.model_name, profile.block_size)
+            sources = _kv_event_sources(replicas)
+            if system.kind == "dynamo":
+                kv_args = dynamo_kv_args(sources, profile.model_name, profile.block_size, args.num_gpu_blocks,
+                                         _max_model_len(replicas[0]), str(log_dir / "dynamo-discovery"))
+            else:
+                kv_args = kv_event_router_args(sources, profile.model_name, profile.block_size)
         port = free_port()
         child = sup.spawn("router", router_argv(system, bin_dir, port, replicas, free_port(), python=sys.executable,
                                                 kv_args=kv_args, profile_dir=str(log_dir / "thunderagent-profiles"),

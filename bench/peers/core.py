@@ -10,13 +10,16 @@ A *system* is one router (with one policy) in front of the same fresh emulated r
   registry policy, tool events to the predictor;
 - ``thunderagent-real``: the ThunderAgent project's own proxy (its ``thunderagent`` command),
   installed from a checkout given with ``--thunderagent-src``. Not ``tao:thunderagent``, which
-  is TAO's re-implementation of its policy inside TAO's stack.
+  is TAO's re-implementation of its policy inside TAO's stack;
+- ``dynamo:kv``: NVIDIA Dynamo's KV router (``KvRouter`` of ``ai-dynamo-runtime``, its defaults)
+  on the replicas' KV events, behind the thin HTTP front of ``bench/peers/dynamo_kv.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 #: ``vllm-router --help`` (0.1.17): --policy {random, round_robin, cache_aware, kv_aware,
@@ -28,7 +31,17 @@ SGLANG_ROUTER_POLICIES = ("round_robin", "random", "cache_aware", "power_of_two"
 #: the real ThunderAgent (``--thunderagent-src``); a single word, like ``floor``, so that it
 #: cannot be read as a ``tao:`` policy
 THUNDERAGENT_REAL = "thunderagent-real"
-KINDS = ("floor", "vllm-router", "sglang-router", "tao", THUNDERAGENT_REAL)
+#: NVIDIA Dynamo's routers: ``kv`` (its frontend's ``--router-mode kv``: the KV router)
+DYNAMO_POLICIES = ("kv",)
+KINDS = ("floor", "vllm-router", "sglang-router", "dynamo", "tao", THUNDERAGENT_REAL)
+#: the PyPI package of each kind that comes from PyPI
+PACKAGES = {"vllm-router": "vllm-router", "sglang-router": "sglang-router", "dynamo": "ai-dynamo-runtime"}
+#: what else a package's system needs in the peers' venv (``dynamo_kv.py``'s HTTP front: aiohttp)
+EXTRA_REQUIREMENTS = {"ai-dynamo-runtime": ("aiohttp",)}
+#: a package installed without a console script of its name is checked by importing these
+IMPORTS = {"ai-dynamo-runtime": ("dynamo._core", "aiohttp")}
+#: ``dynamo:kv``'s front (run by the peers' venv python; imports nothing of this repository)
+DYNAMO_SCRIPT = str(Path(__file__).with_name("dynamo_kv.py"))
 #: systems named by one word (no ``:POLICY``)
 SINGLE_WORD = ("floor", THUNDERAGENT_REAL)
 #: ``thunderagent-real:model-time``: the same, its two wall-clock intervals divided by the
@@ -50,12 +63,14 @@ DEFAULT_SYSTEMS = (
     "vllm-router:round_robin", "vllm-router:cache_aware", "vllm-router:kv_aware", "vllm-router:consistent_hash",
     "vllm-router:program",
     "sglang-router:cache_aware",
+    "dynamo:kv",
     "tao:tao", "tao:thunderagent", "tao:round_robin",
 )
 ALL_SYSTEMS = (
     "floor",
     *(f"vllm-router:{p}" for p in VLLM_ROUTER_POLICIES),
     *(f"sglang-router:{p}" for p in SGLANG_ROUTER_POLICIES if p != "manual"),
+    *(f"dynamo:{p}" for p in DYNAMO_POLICIES),
     "tao:tao", "tao:thunderagent", "tao:round_robin",
     THUNDERAGENT_REAL,
 )
@@ -73,12 +88,12 @@ class System:
     @property
     def needs_kv_events(self) -> bool:
         """Its replicas must publish vLLM's KV events (``--kv-events-config``) for its router."""
-        return self.kind == "vllm-router" and self.policy == "kv_aware"
+        return (self.kind, self.policy) in (("vllm-router", "kv_aware"), ("dynamo", "kv"))
 
     @property
     def package(self) -> str | None:
         """The PyPI package this system needs in the peers' venv (None: this repository)."""
-        return self.kind if self.kind in ("vllm-router", "sglang-router") else None
+        return PACKAGES.get(self.kind)
 
 
 def parse_system(text: str, tao_policies: Sequence[str] | None = None) -> System:
@@ -101,6 +116,8 @@ def parse_system(text: str, tao_policies: Sequence[str] | None = None) -> System
         known = VLLM_ROUTER_POLICIES
     elif kind == "sglang-router":
         known = SGLANG_ROUTER_POLICIES
+    elif kind == "dynamo":
+        known = DYNAMO_POLICIES
     elif kind == "tao":
         known = tao_policies
     else:
@@ -158,6 +175,19 @@ def kv_event_router_args(sources: Mapping[str, Mapping[str, Any]], model: str, b
     return argv + ["--kv-event-model", model, "--kv-event-block-size", str(block_size)]
 
 
+def dynamo_kv_args(sources: Mapping[str, Mapping[str, Any]], model: str, block_size: int, kv_blocks: int,
+                   context_length: int, store: str) -> list[str]:
+    """``bench/peers/dynamo_kv.py serve``'s replica arguments: per worker URL its rank-0 KV-event
+    publisher (``GET /kv_event_sources``), and the replicas' geometry, which each Dynamo worker
+    registers (``ModelRuntimeConfig``: KV blocks, block size, context length). ``store``: the
+    folder of Dynamo's file discovery for this run."""
+    argv = ["--store", store, "--model", model, "--block-size", str(block_size), "--kv-blocks", str(kv_blocks),
+            "--context-length", str(context_length)]
+    for url, src in sources.items():
+        argv += ["--replica", f"{url}={src['endpoint']}"]
+    return argv
+
+
 def thunderagent_argv(bin_dir: str, port: int, replicas: Sequence[str], profile_dir: str | None = None,
                       model_time_scale: float | None = None) -> list[str]:
     """The real ThunderAgent as its README's "How to use?" starts it (``thunderagent
@@ -185,7 +215,8 @@ def router_argv(system: System, bin_dir: str, port: int, replicas: Sequence[str]
     """The command line that serves ``system`` on 127.0.0.1:``port`` in front of ``replicas``
     (not for ``tao``: that is a whole stack). ``metrics_port``: the router's own Prometheus
     port (both Rust routers default to a fixed one, 29000, so runs would collide). ``kv_args``:
-    ``kv_event_router_args`` for a ``needs_kv_events`` system (required there).
+    ``kv_event_router_args`` (vllm-router) or ``dynamo_kv_args`` (Dynamo) for a ``needs_kv_events``
+    system (required there).
     ``profile_dir``: ``thunderagent-real``'s profile CSV folder; ``time_scale``: the replicas'
     (for ``thunderagent-real:model-time``)."""
     if system.kind == THUNDERAGENT_REAL:
@@ -203,6 +234,10 @@ def router_argv(system: System, bin_dir: str, port: int, replicas: Sequence[str]
                 raise ValueError(f"{system.name} needs the replicas' KV-event sources (kv_event_router_args)")
             return argv + ["--policy", system.policy, *kv_args]
         return argv + ["--policy", system.policy]
+    if system.kind == "dynamo":
+        if not kv_args:
+            raise ValueError(f"{system.name} needs the replicas' KV-event sources (dynamo_kv_args)")
+        return [f"{bin_dir}/python", DYNAMO_SCRIPT, "serve", "--port", str(port), *kv_args]
     if system.kind == "sglang-router":
         return [f"{bin_dir}/sglang-router", "launch", "--host", "127.0.0.1", "--port", str(port),
                 "--worker-urls", *replicas, "--policy", system.policy, "--prometheus-port", str(metrics_port),

@@ -8,8 +8,10 @@ import pytest
 from bench.peers.__main__ import parse
 from bench.peers.core import (
     DEFAULT_SYSTEMS,
+    DYNAMO_SCRIPT,
     HEADERS,
     System,
+    dynamo_kv_args,
     kv_event_router_args,
     markdown_table,
     parse_system,
@@ -169,3 +171,31 @@ def test_source_identity_names_the_commit_or_hashes_the_files(tmp_path) -> None:
     assert source_identity(tmp_path).startswith(f"commit {head} ")
     (tmp_path / "a.py").write_text("x = 3\n")
     assert source_identity(tmp_path).startswith(f"commit {head}+dirty ")
+
+
+def test_dynamo_kv_runs_dynamos_router_on_the_replicas_kv_events_and_geometry() -> None:
+    reps = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    dyn = parse_system("dynamo:kv")
+    assert dyn == System("dynamo", "kv") and dyn.needs_kv_events and dyn.package == "ai-dynamo-runtime"
+    assert "dynamo:kv" in DEFAULT_SYSTEMS
+    for bad in ("dynamo:round_robin", "dynamo"):
+        with pytest.raises(ValueError):
+            parse_system(bad)
+    sources = {reps[0]: {"endpoint": "tcp://127.0.0.1:5001", "replay_endpoint": "tcp://127.0.0.1:5002"},
+               reps[1]: {"endpoint": "tcp://127.0.0.1:5003"}}
+    args = dynamo_kv_args(sources, "Qwen/Qwen3-32B", 16, 6000, 95984, "/tmp/d")
+    assert args == ["--store", "/tmp/d", "--model", "Qwen/Qwen3-32B", "--block-size", "16", "--kv-blocks", "6000",
+                    "--context-length", "95984", "--replica", "http://127.0.0.1:1=tcp://127.0.0.1:5001",
+                    "--replica", "http://127.0.0.1:2=tcp://127.0.0.1:5003"]
+    v = router_argv(dyn, "/venv/bin", 9000, reps, 9001, kv_args=args)
+    assert v[:6] == ["/venv/bin/python", DYNAMO_SCRIPT, "serve", "--port", "9000", "--store"]
+    assert v[-len(args):] == args and DYNAMO_SCRIPT.endswith("bench/peers/dynamo_kv.py")
+    with pytest.raises(ValueError, match="KV-event sources"):
+        router_argv(dyn, "/b", 1, reps, 2)
+    # the front's own command line, as serve and worker parse it
+    from bench.peers.dynamo_kv import parse as parse_front
+    served = parse_front(["serve", "--port", "9000", *args])
+    assert (served.port, served.kv_blocks, served.context_length) == (9000, 6000, 95984)
+    assert served.replica == ["http://127.0.0.1:1=tcp://127.0.0.1:5001", "http://127.0.0.1:2=tcp://127.0.0.1:5003"]
+    with pytest.raises(SystemExit):
+        parse_front(["serve", "--port", "9000"])
