@@ -169,26 +169,29 @@ def ensure_thunderagent(venv: Path, src: Path) -> tuple[str | None, str | None]:
     return f"{proc.stdout.strip() or '?'} from {ident}", None
 
 
-def _installed(bin_dir: Path, package: str) -> bool:
-    """``package`` is usable in the venv: its console script exists, or (``IMPORTS``) its modules
-    import."""
-    if package not in IMPORTS:
-        return (bin_dir / package).exists()
-    proc = subprocess.run([str(bin_dir / "python"), "-c", "; ".join(f"import {m}" for m in IMPORTS[package])],
+def _version(bin_dir: Path, package: str) -> tuple[str | None, str]:
+    """(``package``'s version, None when it is not usable in the venv; the probe's stderr). Usable:
+    its console script exists, or (``IMPORTS``) its modules import."""
+    if package not in IMPORTS and not (bin_dir / package).exists():
+        return None, f"no {package} script in {bin_dir}"
+    imports = "".join(f"import {m}; " for m in IMPORTS.get(package, ()))
+    proc = subprocess.run([str(bin_dir / "python"), "-c",
+                           f"{imports}import importlib.metadata as m; print(m.version({package!r}))"],
                           capture_output=True, text=True)
-    return proc.returncode == 0
+    return (proc.stdout.strip() if proc.returncode == 0 else None), proc.stderr.strip()
 
 
 def ensure_peers(venv: Path, specs: dict[str, str]) -> tuple[str, dict[str, str], dict[str, str]]:
     """Create ``venv`` if needed and pip-install the packages of ``specs`` ({package: requirement})
-    that are not usable yet (``_installed``), with their ``EXTRA_REQUIREMENTS``. Returns (bin dir,
+    that are not usable yet (``_version``), with their ``EXTRA_REQUIREMENTS``. Returns (bin dir,
     {package: version}, {package: why it is not available})."""
     bin_dir = venv / "bin"
     failed: dict[str, str] = {}
     why = _ensure_venv(venv)
     if why:
         return str(bin_dir), {}, {p: why for p in specs}
-    missing = [p for p in specs if not _installed(bin_dir, p)]
+    found = {p: _version(bin_dir, p) for p in specs}
+    missing = [p for p, (v, _) in found.items() if v is None]
     if missing:
         reqs = [r for p in missing for r in (specs[p], *EXTRA_REQUIREMENTS.get(p, ()))]
         print(f"bench.peers: installing {', '.join(reqs)} into {venv} …", flush=True)
@@ -198,17 +201,15 @@ def ensure_peers(venv: Path, specs: dict[str, str]) -> tuple[str, dict[str, str]
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             for p in missing:
                 failed[p] = "pip install failed: " + " | ".join(tail)[-300:]
+        found |= {p: _version(bin_dir, p) for p in missing if p not in failed}
     versions: dict[str, str] = {}
-    for p in specs:
+    for p, (version, err) in found.items():
         if p in failed:
             continue
-        proc = subprocess.run([str(bin_dir / "python"), "-c",
-                               f"import importlib.metadata as m; print(m.version({p!r}))"],
-                              capture_output=True, text=True)
-        if proc.returncode == 0 and _installed(bin_dir, p):
-            versions[p] = proc.stdout.strip()
+        if version is None:
+            failed[p] = f"{p} not importable in {venv}: {err[-200:]}"
         else:
-            failed[p] = f"{p} not importable in {venv}: {proc.stderr.strip()[-200:]}"
+            versions[p] = version
     return str(bin_dir), versions, failed
 
 

@@ -219,6 +219,8 @@ def router_argv(system: System, bin_dir: str, port: int, replicas: Sequence[str]
     system (required there).
     ``profile_dir``: ``thunderagent-real``'s profile CSV folder; ``time_scale``: the replicas'
     (for ``thunderagent-real:model-time``)."""
+    if system.needs_kv_events and not kv_args:
+        raise ValueError(f"{system.name} needs the replicas' KV-event sources (kv_event_router_args, dynamo_kv_args)")
     if system.kind == THUNDERAGENT_REAL:
         return thunderagent_argv(bin_dir, port, replicas, profile_dir,
                                  time_scale if system.policy == TA_MODEL_TIME else None)
@@ -229,14 +231,8 @@ def router_argv(system: System, bin_dir: str, port: int, replicas: Sequence[str]
                 "--prometheus-port", str(metrics_port), "--log-level", "warning"]
         if system.policy == "program":
             return argv + ["--enable-program-scheduling"]
-        if system.needs_kv_events:
-            if not kv_args:
-                raise ValueError(f"{system.name} needs the replicas' KV-event sources (kv_event_router_args)")
-            return argv + ["--policy", system.policy, *kv_args]
-        return argv + ["--policy", system.policy]
+        return argv + ["--policy", system.policy, *(kv_args if system.needs_kv_events else ())]
     if system.kind == "dynamo":
-        if not kv_args:
-            raise ValueError(f"{system.name} needs the replicas' KV-event sources (dynamo_kv_args)")
         return [f"{bin_dir}/python", DYNAMO_SCRIPT, "serve", "--port", str(port), *kv_args]
     if system.kind == "sglang-router":
         return [f"{bin_dir}/sglang-router", "launch", "--host", "127.0.0.1", "--port", str(port),

@@ -78,7 +78,7 @@ async def worker(args: argparse.Namespace) -> None:
     await register_model(ModelInput.Tokens, ModelType.Chat, ep, args.model, args.model,
                          worker_type=WorkerType.Aggregated, kv_cache_block_size=args.block_size,
                          runtime_config=rc, skip_model_assets=True)
-    publisher = KvEventPublisher(ep, kv_block_size=args.block_size, zmq_endpoint=args.zmq)
+    _relay = KvEventPublisher(ep, kv_block_size=args.block_size, zmq_endpoint=args.zmq)  # held while serving
 
     async def handler(request: Any, context: Any = None) -> Any:  # never called: the replica serves
         yield {"error": "this worker only publishes KV events"}
@@ -86,10 +86,7 @@ async def worker(args: argparse.Namespace) -> None:
     tmp = args.id_file.with_suffix(".tmp")
     tmp.write_text(str(ep.connection_id()))
     tmp.replace(args.id_file)
-    try:
-        await ep.serve_endpoint(handler)
-    finally:
-        del publisher
+    await ep.serve_endpoint(handler)
 
 
 class Front:
@@ -138,7 +135,7 @@ class Front:
         target = self.replicas[worker_id]
         self.routed[target] += 1
         first = True
-        try:
+        try:  # a request that fails before its first chunk is only freed
             async with self.http.post(target + request.path, data=body, headers=headers) as upstream:
                 out = web.StreamResponse(status=upstream.status)
                 out.content_type = upstream.content_type
@@ -151,9 +148,6 @@ class Front:
                 await out.write_eof()
                 return out
         finally:
-            if first:
-                with contextlib.suppress(Exception):
-                    await self.router.mark_prefill_complete(rid)
             await self.router.free(rid)
 
 
