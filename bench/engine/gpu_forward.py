@@ -196,10 +196,13 @@ def _torch() -> Any:
 class Decoder:
     """Random BF16 weights of one shard and a forward pass for one ``Case``."""
 
-    def __init__(self, shard: Shard, device: str, seed: int = 0, fused: bool = False) -> None:
+    def __init__(self, shard: Shard, device: str, seed: int = 0, fused: bool = False,
+                 attention: str = "flash") -> None:
         torch = _torch()
         self.torch = torch
         self.fused = fused
+        self.attention = attention
+        self._paths = self._path_list()
         self.s = shard
         self.device = device
         g = torch.Generator(device=device).manual_seed(seed)
@@ -238,12 +241,12 @@ class Decoder:
 
     def _sdpa(self, q: Any, k: Any, v: Any, *, prior: int) -> Any:
         """Causal attention of q [1, Hq, n, D] against k/v [1, Hkv, prior + n, D], the query block
-        at the end of the keys (bottom-right). Native GQA first, KV expanded per query head as the
-        fallback; the first path that runs is kept (so a CUDA-graph capture never hits a refusal)
-        and reported."""
+        at the end of the keys (bottom-right). The chosen kernel family with native GQA first, then
+        with KV expanded per query head, then the other fallbacks; the first path that runs is kept
+        (so a CUDA-graph capture never hits a refusal) and reported."""
         key = "prefix" if prior else "fresh"
         chosen = self._chosen.get(key)
-        paths = [chosen] if chosen is not None else list(range(4))
+        paths = [chosen] if chosen is not None else list(range(len(self._paths)))
         err: Exception | None = None
         for path in paths:
             try:
@@ -253,12 +256,17 @@ class Decoder:
                 continue
             if chosen is None:
                 self._chosen[key] = path
-                self.attn_paths.add(f"{key}: {self.SDPA_PATHS[path]}")
+                backends, gqa, mask = self._paths[path]
+                self.attn_paths.add(f"{key}: {'/'.join(backends)}, {mask} mask, {'native GQA' if gqa else 'KV expanded'}")
             return out
         raise RuntimeError(f"no attention path ran: {err}")
 
-    SDPA_PATHS = ("flash/efficient, native GQA", "flash/efficient, KV expanded",
-                  "efficient, bool mask, native GQA", "efficient, bool mask, KV expanded")
+    def _path_list(self) -> list[tuple[tuple[str, ...], bool, str]]:
+        """(SDPA backends, native GQA, mask kind) in the order tried."""
+        flash = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION")
+        first = [("CUDNN_ATTENTION",)] if self.attention == "cudnn" else []
+        out = [(b, gqa, "causal") for b in (*first, flash) for gqa in (True, False)]
+        return out + [(("EFFICIENT_ATTENTION", "MATH"), gqa, "bool") for gqa in (True, False)]
 
     def _sdpa_path(self, path: int, q: Any, k: Any, v: Any, prior: int) -> Any:
         torch = self.torch
@@ -266,20 +274,21 @@ class Decoder:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         from torch.nn.attention.bias import causal_lower_right
 
+        names, gqa, mask_kind = self._paths[path]
+        backends = [getattr(SDPBackend, n) for n in names]
         group = q.shape[1] // k.shape[1]
-        gqa = path in (0, 2)
         if not gqa and group > 1:
             k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
         n, total = q.shape[2], k.shape[2]
-        if path < 2:
-            with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+        native = gqa and group > 1
+        with sdpa_kernel(backends):
+            if mask_kind == "causal":
                 if prior == 0:
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa and group > 1)
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=native)
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(n, total),
-                                                      enable_gqa=gqa and group > 1)
-        mask = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(total - n)
-        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa and group > 1)
+                                                      enable_gqa=native)
+            mask = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(total - n)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=native)
 
     def _decode_attention(self, q: Any, kc: Any, vc: Any) -> Any:
         """Decode: q [B, Hq, D] against the whole cache [B, Hkv, T, D]. The query heads that share
@@ -290,10 +299,22 @@ class Decoder:
 
         b, hkv, d = kc.shape[0], kc.shape[1], kc.shape[3]
         qg = q.reshape(b, hkv, -1, d)
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
-            out = F.scaled_dot_product_attention(qg, kc, vc)
-        self.attn_paths.add("decode flash (heads as queries)")
-        return out.reshape(b, -1)
+        tries = ([("cudnn", [SDPBackend.CUDNN_ATTENTION])] if self.attention == "cudnn" else []) + [
+            ("flash", [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])]
+        start = self._chosen.get("decode", 0)
+        for i, (name, backends) in enumerate(tries[start:], start):
+            try:
+                with sdpa_kernel(backends):
+                    out = F.scaled_dot_product_attention(qg, kc, vc)
+            except RuntimeError:
+                if i == len(tries) - 1:
+                    raise
+                continue
+            if "decode" not in self._chosen:
+                self._chosen["decode"] = i
+                self.attn_paths.add(f"decode: {name} (heads as queries)")
+            return out.reshape(b, -1)
+        raise RuntimeError("no decode attention path")
 
     # -- one step ----------------------------------------------------------------------------
 
@@ -552,13 +573,13 @@ def check_against_transformers(device: str = "cpu", fused: bool = False) -> floa
 
 
 def run(targets: list[Target], cases: list[Case], hf_check: bool, log: Callable[[str], None],
-        save: Callable[[dict[str, Any]], None], fused: bool = False) -> dict[str, Any]:
+        save: Callable[[dict[str, Any]], None], fused: bool = False, attention: str = "flash") -> dict[str, Any]:
     torch = _torch()
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: this benchmark runs on a GPU machine")
     torch.backends.cuda.matmul.allow_tf32 = False
     props = torch.cuda.get_device_properties(0)
-    out: dict[str, Any] = {"fused_elementwise": fused, "device": props.name, "sms": props.multi_processor_count,
+    out: dict[str, Any] = {"fused_elementwise": fused, "attention": attention, "device": props.name, "sms": props.multi_processor_count,
                            "torch": torch.__version__, "ceilings": device_ceilings(torch), "targets": []}
     c = out["ceilings"]
     log(f"device {props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}: "
@@ -566,7 +587,7 @@ def run(targets: list[Target], cases: list[Case], hf_check: bool, log: Callable[
     for target in targets:
         shard = target.shard
         t0 = time.perf_counter()
-        dec = Decoder(shard, "cuda", fused=fused)
+        dec = Decoder(shard, "cuda", fused=fused, attention=attention)
         torch.cuda.synchronize()
         log(f"\n== {target.label}: {target.profile.model.name} tp={target.profile.tp} shard, "
             f"{dec.weight_bytes() / 1e9:.1f} GB of weights (built in {time.perf_counter() - t0:.1f} s)")
@@ -629,10 +650,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.engine.gpu_forward", description=__doc__.split("\n\n")[0])
     known = [t.label for t in default_targets()]
     ap.add_argument("--targets", default=",".join(known), help=f"comma-separated, of: {', '.join(known)}")
-    ap.add_argument("--cases", default="", help="substring filter on case names")
+    ap.add_argument("--cases", default="", help="comma-separated substrings: run the cases whose name holds one")
     ap.add_argument("--no-hf-check", action="store_true", help="skip the transformers cross-check")
     ap.add_argument("--fused", action="store_true",
                     help="compile the elementwise pieces (norms, rotary, SiLU-and-mul) with torch.compile")
+    ap.add_argument("--attention", choices=("flash", "cudnn"), default="flash",
+                    help="SDPA kernel family tried first: PyTorch's FlashAttention-2 / memory-efficient "
+                         "kernels, or cuDNN's fused attention (Hopper-native)")
     ap.add_argument("--out", default="", help="write the results as JSON here")
     ap.add_argument("--check", action="store_true",
                     help="only compare the decoder's logits with transformers' on a small Qwen3 (CPU is enough)")
@@ -647,7 +671,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown targets {unknown}; known: {known}")
     targets = [t for t in default_targets() if t.label in wanted]
-    cases = [c for c in default_cases() if args.cases in c.name]
+    filters = [f for f in args.cases.split(",") if f] or [""]
+    cases = [c for c in default_cases() if any(f in c.name for f in filters)]
 
     def log(line: str) -> None:
         print(line, flush=True)
@@ -657,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1)
 
-    run(targets, cases, not args.no_hf_check, log, save, fused=args.fused)
+    run(targets, cases, not args.no_hf_check, log, save, fused=args.fused, attention=args.attention)
     return 0
 
 
