@@ -114,7 +114,22 @@ def metrics_of(result: DriverResult, preemptions: int = 0, busy_s: float | None 
     # every request's wait before anything forwarded it (no threshold), for any endpoint
     out["mean_wait_all_s"] = (sum(r.forwarded_s - r.ready_s for r in requests) / len(requests)) if requests else 0.0
     out["wall_s"] = round(result.wall_s, 3)
+    out["per_session"] = per_session(result)
     return out
+
+
+def per_session(result: DriverResult) -> list[dict[str, Any]]:
+    """Each session's task latency and how long its requests waited before anything forwarded
+    them (in all, and its longest single wait), model seconds: which sessions a run starved,
+    which a mean over sessions hides."""
+    rows = []
+    for s in result.sessions:
+        waits = [wait_of(r) for r in s.requests if r.error is None]
+        rows.append({"session_id": s.session_id, "completed": s.completed,
+                     "latency_s": round(s.ended_at_s - s.started_at_s, 3), "requests": len(s.requests),
+                     "errors": sum(r.error is not None for r in s.requests),
+                     "wait_s": round(sum(waits), 3), "max_wait_s": round(max(waits, default=0.0), 3)})
+    return rows
 
 
 async def measure(driver: TraceDriver, sessions: list[TraceSession], replica_urls: list[str]) -> dict[str, Any]:

@@ -106,3 +106,10 @@ async def test_pause_wait_measured_by_the_driver_independent_of_time_scale(time_
     # the held requests' TTFT includes the hold; unheld requests are not counted as waits
     assert metrics["mean_ttft_s"] >= HOLD_MODEL_S / 2
     assert sorted(fake.released) == ["s0", "s1", "s2", "s3"] and fake.tao_release_calls == 4
+    # per session: each held once (its turn 1), so its longest wait is that hold
+    rows = {r["session_id"]: r for r in metrics["per_session"]}
+    assert sorted(rows) == ["s0", "s1", "s2", "s3"]
+    for r in rows.values():
+        assert r["completed"] and r["errors"] == 0 and r["requests"] == 2
+        assert r["max_wait_s"] == pytest.approx(HOLD_MODEL_S, rel=0.25)
+        assert r["wait_s"] >= r["max_wait_s"] and r["latency_s"] >= r["max_wait_s"]
