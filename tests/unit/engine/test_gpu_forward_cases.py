@@ -4,11 +4,17 @@ step are exactly what the engine model charges for that step."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
+
 import pytest
 
 from bench.engine.gpu_forward import Case, Shard, default_cases, default_targets, fits, main, model_figures
 from services.sim.engine import StepTimeModel, get_profile
 from services.sim.engine.profiles import GLM47_FP8, QWEN3_32B, QWEN25_3B
+
+RESULTS = Path(__file__).resolve().parents[3] / "bench" / "engine" / "results"
 
 
 def test_a_one_rank_shard_holds_the_whole_model_and_a_tp2_rank_half_of_it() -> None:
@@ -53,3 +59,24 @@ def test_unknown_targets_are_refused_before_anything_needs_a_gpu(capsys: pytest.
         main(["--targets", "qwen3-32b-h200x1,no-such-target"])
     assert exc.value.code == 2
     assert "no-such-target" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["gpu_forward_h200.json", "gpu_forward_h200_fused.json", "gpu_forward_h200_cudnn.json"])
+def test_the_kept_gpu_runs_price_their_steps_as_the_engine_model_does_today(name: str) -> None:
+    # docs/simulation.md compares these measured steps with the model figures stored beside them;
+    # if the step-time model or a profile changes, those figures (and the docs' tables) are stale:
+    # re-run `python -m bench.engine.gpu_forward` on a GPU, or recompute the model columns.
+    doc = json.loads((RESULTS / name).read_text())
+    targets = {t.label: t for t in default_targets()}
+    rows = 0
+    for entry in doc["targets"]:
+        profile = targets[entry["label"]].profile
+        assert entry["shard"] == dataclasses.asdict(targets[entry["label"]].shard)
+        for row in entry["rows"]:
+            if "model" not in row:
+                continue
+            case = Case(**row["case"])
+            assert model_figures(profile, case) == pytest.approx(row["model"], rel=1e-9), case.name
+            assert row["measured_s"] > 0 and row["linear_s"] > 0 and row["attention_s"] > 0
+            rows += 1
+    assert rows >= 10
