@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,11 +80,6 @@ class Case:
     def attn_pairs(self) -> float:
         n, p = self.prefill_tokens, self.prefill_prior
         return float(self.decode_seqs * (self.decode_ctx + 1) + n * p + n * (n + 1) / 2)
-
-    @property
-    def kv_tokens_held(self) -> int:
-        """Tokens of KV cache the step needs resident (what the benchmark allocates)."""
-        return self.kv_tokens_read
 
 
 def default_cases() -> list[Case]:
@@ -180,7 +176,7 @@ def model_figures(profile: Profile, case: Case) -> dict[str, float]:
 def fits(shard: Shard, case: Case, free_bytes: float) -> bool:
     """Whether the case's KV cache and activations fit in the GPU memory left (20 % headroom)."""
     act = case.num_tokens * (shard.hidden * 8 + 2 * shard.intermediate * 3 + (shard.q_heads + 2 * shard.kv_heads) * shard.head_dim * 4)
-    need = shard.kv_bytes(case.kv_tokens_held) + act + case.num_sampled * shard.vocab * 4
+    need = shard.kv_bytes(case.kv_tokens_read) + act + case.num_sampled * shard.vocab * 4  # the KV it reads is resident
     return need * 1.2 < free_bytes
 
 
@@ -232,34 +228,40 @@ class Decoder:
         self.final_ln = torch.ones(s.hidden, dtype=torch.bfloat16, device=device)
         self.attn_paths: set[str] = set()
         self._chosen: dict[str, int] = {}
-        self.last_ids: Any = None
 
     def weight_bytes(self) -> int:
         return self.s.params * 2
 
     # -- attention ---------------------------------------------------------------------------
 
-    def _sdpa(self, q: Any, k: Any, v: Any, *, prior: int) -> Any:
-        """Causal attention of q [1, Hq, n, D] against k/v [1, Hkv, prior + n, D], the query block
-        at the end of the keys (bottom-right). The chosen kernel family with native GQA first, then
-        with KV expanded per query head, then the other fallbacks; the first path that runs is kept
-        (so a CUDA-graph capture never hits a refusal) and reported."""
-        key = "prefix" if prior else "fresh"
+    def _first_that_runs(self, key: str, attempts: Sequence[tuple[str, Callable[[], Any]]]) -> Any:
+        """Run the first of ``attempts`` (label, call) that the kernels accept, and keep it for
+        ``key``: later calls (a CUDA-graph capture among them) run only that one, so a capture
+        never meets a refusal. The kept path is reported in ``attn_paths``."""
         chosen = self._chosen.get(key)
-        paths = [chosen] if chosen is not None else list(range(len(self._paths)))
+        order = [chosen] if chosen is not None else range(len(attempts))
         err: Exception | None = None
-        for path in paths:
+        for i in order:
+            label, call = attempts[i]
             try:
-                out = self._sdpa_path(path, q, k, v, prior)
+                out = call()
             except RuntimeError as exc:
                 err = exc
                 continue
             if chosen is None:
-                self._chosen[key] = path
-                backends, gqa, mask = self._paths[path]
-                self.attn_paths.add(f"{key}: {'/'.join(backends)}, {mask} mask, {'native GQA' if gqa else 'KV expanded'}")
+                self._chosen[key] = i
+                self.attn_paths.add(f"{key}: {label}")
             return out
-        raise RuntimeError(f"no attention path ran: {err}")
+        raise RuntimeError(f"no attention path ran for {key}: {err}")
+
+    def _sdpa(self, q: Any, k: Any, v: Any, *, prior: int) -> Any:
+        """Causal attention of q [1, Hq, n, D] against k/v [1, Hkv, prior + n, D], the query block
+        at the end of the keys (bottom-right). The chosen kernel family with native GQA first, then
+        with KV expanded per query head, then the other fallbacks (``_path_list``)."""
+        attempts = [(f"{'/'.join(names)}, {mask} mask, {'native GQA' if gqa else 'KV expanded'}",
+                     functools.partial(self._sdpa_path, i, q, k, v, prior))
+                    for i, (names, gqa, mask) in enumerate(self._paths)]
+        return self._first_that_runs("prefix" if prior else "fresh", attempts)
 
     def _path_list(self) -> list[tuple[tuple[str, ...], bool, str]]:
         """(SDPA backends, native GQA, mask kind) in the order tried."""
@@ -299,22 +301,16 @@ class Decoder:
 
         b, hkv, d = kc.shape[0], kc.shape[1], kc.shape[3]
         qg = q.reshape(b, hkv, -1, d)
-        tries = ([("cudnn", [SDPBackend.CUDNN_ATTENTION])] if self.attention == "cudnn" else []) + [
+        backends = ([("cudnn", [SDPBackend.CUDNN_ATTENTION])] if self.attention == "cudnn" else []) + [
             ("flash", [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])]
-        start = self._chosen.get("decode", 0)
-        for i, (name, backends) in enumerate(tries[start:], start):
-            try:
-                with sdpa_kernel(backends):
-                    out = F.scaled_dot_product_attention(qg, kc, vc)
-            except RuntimeError:
-                if i == len(tries) - 1:
-                    raise
-                continue
-            if "decode" not in self._chosen:
-                self._chosen["decode"] = i
-                self.attn_paths.add(f"decode: {name} (heads as queries)")
-            return out.reshape(b, -1)
-        raise RuntimeError("no decode attention path")
+
+        def attend(kernels: list[Any]) -> Any:
+            with sdpa_kernel(kernels):
+                return F.scaled_dot_product_attention(qg, kc, vc)
+
+        out = self._first_that_runs("decode", [(f"{name} (heads as queries)", functools.partial(attend, kernels))
+                                               for name, kernels in backends])
+        return out.reshape(b, -1)
 
     # -- one step ----------------------------------------------------------------------------
 
@@ -351,7 +347,7 @@ class Decoder:
         c = torch.compile
         return c(add_norm, dynamic=True), c(qk_rope, dynamic=True), c(silu_mul, dynamic=True)
 
-    def make_step(self, case: Case, parts: frozenset[str] = PARTS) -> Callable[[], Any]:
+    def make_step(self, case: Case, parts: frozenset[str] = PARTS, ids: Any = None) -> Callable[[], Any]:
         """Allocate the case's inputs and KV cache; return a function running one forward step.
 
         ``parts`` leaves components out so that each can be timed alone: ``linear`` (every GEMM,
@@ -363,7 +359,8 @@ class Decoder:
         lin, att, misc = "linear" in parts, "attention" in parts, "other" in parts
         b, ctx, n, p = case.decode_seqs, case.decode_ctx, case.prefill_tokens, case.prefill_prior
         t = case.num_tokens
-        ids = torch.randint(0, s.vocab, (t,), device=dev)
+        if ids is None:
+            ids = torch.randint(0, s.vocab, (t,), device=dev)
         pos = torch.cat([torch.full((b,), ctx, device=dev, dtype=torch.long),
                          torch.arange(p, p + n, device=dev, dtype=torch.long)])
         inv = 1.0 / (1_000_000.0 ** (torch.arange(0, s.head_dim, 2, device=dev, dtype=torch.float32) / s.head_dim))
@@ -440,7 +437,6 @@ class Decoder:
             last = F.rms_norm(x[sample_rows], (s.hidden,), self.final_ln, eps) if misc else x[sample_rows]
             return last @ self.lm_head.t() if lin else last
 
-        self.last_ids = ids  # the prompt, for the transformers check
         return step
 
 
@@ -565,8 +561,8 @@ def check_against_transformers(device: str = "cpu", fused: bool = False) -> floa
             gate, up = L["gate_up"].split([spec.intermediate_size, spec.intermediate_size])
             mlp.gate_proj.weight.copy_(gate)
             mlp.up_proj.weight.copy_(up)
-        step = dec.make_step(Case("check", prefill_tokens=40))
-        ids = dec.last_ids
+        ids = torch.randint(0, spec.vocab_size, (40,), device=device, generator=g)
+        step = dec.make_step(Case("check", prefill_tokens=40), ids=ids)
         ours = step()[0].float()
         ref = hf(input_ids=ids[None], logits_to_keep=1).logits[0, -1].float()
     return float((ours - ref).abs().max())
@@ -577,7 +573,6 @@ def run(targets: list[Target], cases: list[Case], hf_check: bool, log: Callable[
     torch = _torch()
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: this benchmark runs on a GPU machine")
-    torch.backends.cuda.matmul.allow_tf32 = False
     props = torch.cuda.get_device_properties(0)
     out: dict[str, Any] = {"fused_elementwise": fused, "attention": attention, "device": props.name, "sms": props.multi_processor_count,
                            "torch": torch.__version__, "ceilings": device_ceilings(torch), "targets": []}
@@ -601,26 +596,25 @@ def run(targets: list[Target], cases: list[Case], hf_check: bool, log: Callable[
                 log(f"{case.name:46} skipped: does not fit")
                 continue
             fig = model_figures(target.profile, case)
-            timed: dict[str, float] = {}
+            samples: dict[str, list[float]] = {}
             try:
                 for label, parts in (("all", Decoder.PARTS), ("linear", frozenset({"linear"})),
                                      ("attention", frozenset({"attention"}))):
                     with torch.inference_mode():
                         step = dec.make_step(case, parts)
-                        times = _time_replays(torch, _graphed(torch, step), 0.5)
+                        samples[label] = _time_replays(torch, _graphed(torch, step), 0.5)
                     del step
                     torch.cuda.empty_cache()
-                    timed[label] = statistics.median(times)
-                    if label == "all":
-                        spread = (min(times), max(times), len(times))
             except Exception as exc:  # one case failing must not lose the others
                 log(f"{case.name:46} failed: {type(exc).__name__}: {str(exc)[:200]}")
-                rows.append({"case": dataclasses.asdict(case), "error": f"{type(exc).__name__}: {exc}"[:500], **timed})
+                rows.append({"case": dataclasses.asdict(case), "error": f"{type(exc).__name__}: {exc}"[:500],
+                             **{k: statistics.median(v) for k, v in samples.items()}})
                 torch.cuda.empty_cache()
                 continue
+            timed = {k: statistics.median(v) for k, v in samples.items()}
             other = timed["all"] - timed["linear"] - timed["attention"]
-            rows.append({"case": dataclasses.asdict(case), "measured_s": timed["all"], "min_s": spread[0],
-                         "max_s": spread[1], "reps": spread[2], "linear_s": timed["linear"],
+            rows.append({"case": dataclasses.asdict(case), "measured_s": timed["all"], "min_s": min(samples["all"]),
+                         "max_s": max(samples["all"]), "reps": len(samples["all"]), "linear_s": timed["linear"],
                          "attention_s": timed["attention"], "other_s": other, "model": fig})
             log(f"{case.name:46} {timed['all'] * 1e3:9.2f} {fig['gpu_s'] * 1e3:9.2f} {fig['gpu_s'] / timed['all']:5.2f} "
                 f"{timed['linear'] * 1e3:9.2f} {fig['linear_s'] * 1e3:9.2f} {timed['attention'] * 1e3:9.2f} "
