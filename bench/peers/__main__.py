@@ -227,12 +227,16 @@ def _start_replicas(sup: Supervisor, args: argparse.Namespace, kv_events: bool =
     return [f"http://127.0.0.1:{p}" for p in ports]
 
 
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
 def _kv_event_sources(replicas: list[str]) -> dict[str, dict[str, Any]]:
     """Each replica's rank-0 KV-event publisher, from vLLM's ``GET /kv_event_sources``."""
     out: dict[str, dict[str, Any]] = {}
     for url in replicas:
-        with urllib.request.urlopen(f"{url}/kv_event_sources", timeout=10) as resp:
-            sources = json.loads(resp.read())["sources"]
+        sources = _get_json(f"{url}/kv_event_sources")["sources"]
         if not sources:
             raise RuntimeError(f"{url}/kv_event_sources lists no publisher")
         out[url] = sources[0]
@@ -241,8 +245,7 @@ def _kv_event_sources(replicas: list[str]) -> dict[str, dict[str, Any]]:
 
 def _max_model_len(replica: str) -> int:
     """The replica's context length, as vLLM's ``GET /v1/models`` reports it (``max_model_len``)."""
-    with urllib.request.urlopen(f"{replica}/v1/models", timeout=10) as resp:
-        return int(json.loads(resp.read())["data"][0]["max_model_len"])
+    return int(_get_json(f"{replica}/v1/models")["data"][0]["max_model_len"])
 
 
 async def _drive(url: str, sessions: list[TraceSession], replicas: list[str], args: argparse.Namespace,
