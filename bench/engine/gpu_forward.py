@@ -5,8 +5,9 @@ The engine model (`services/sim/engine/step_time.py`) prices one vLLM step with 
 roofline whose efficiencies were fitted to published points (Vidur's CodeLlama-34B/H100 linear
 layers, a 32B decode floor, a ShareGPT throughput run). This benchmark checks those constants
 against the GPU itself: it builds each model's decoder (the shapes of `ModelSpec`, random BF16
-weights), times one step of the batches the scheduler forms (pure decode, prefill chunks with and
-without a cached prefix, a mixed chunked-prefill step) and prints the time next to the model's.
+or FP8 weights), times one step of the batches the scheduler forms (pure decode, prefill chunks
+with and without a cached prefix, a mixed chunked-prefill step) and prints the time next to the
+model's.
 
 How a step runs, and why (each choice mirrors vLLM V1 on a Hopper GPU):
 - Fused QKV and gate/up projections (vLLM's `QKVParallelLinear`, `MergedColumnParallelLinear`),
@@ -20,6 +21,25 @@ How a step runs, and why (each choice mirrors vLLM V1 on a Hopper GPU):
 - Tensor parallelism: a `tp`-way profile is measured as one rank's shard (heads, MLP width and
   vocabulary divided by `tp`) on this one GPU; the all-reduces between ranks are not measured and
   are left out of the model figure it is compared with.
+- Mixture-of-experts layers (GLM-4.7) follow the engine model's approximations: every expert's MLP
+  width is split across the ranks (vLLM's default TP sharding of `FusedMoE`, no expert
+  parallelism), and tokens choose their experts uniformly. Per MoE layer a step runs the router
+  GEMM (FP32, as vLLM's and transformers' GLM-4 MoE), sigmoid scores and top-k, a gather of the
+  tokens grouped by expert, one grouped GEMM for every expert's gate/up projection, SiLU-and-mul,
+  one grouped GEMM for the down projections (or, where the kernels refuse, one GEMM per expert),
+  the weighted combine, and the shared expert; the whole block is also timed alone. So that
+  the step can be captured in a CUDA graph, which expert serves which token is drawn at build time
+  (`uniform_assignment`: each token k distinct experts, uniformly, as the model assumes); the top-k
+  still runs on the device each step, and the combine weights are the router's scores at the drawn
+  experts. vLLM's `fused_moe` also groups on the device (`moe_align_block_size`); that sort, a few
+  small kernels per layer, is the one piece left out.
+- FP8 profiles (`use_fp8_compute`) run their GEMMs in FP8 with `torch._scaled_mm` (dense layers) and
+  `torch._scaled_grouped_mm` (experts): e4m3 weights with a per-tensor scale, activations quantised
+  per tensor on the fly (vLLM's dynamic per-tensor FP8 W8A8), a quantisation timed with the GEMMs
+  as vLLM's `Fp8LinearMethod` runs it inside the layer. The embedding and LM head stay BF16, as
+  the profile's weight bytes count them, and the router FP32. `--no-fp8`, or a GPU without FP8
+  GEMMs, runs BF16; the GEMM paths that ran are recorded (`gemm_paths`), as the attention kernels
+  are.
 
 Not a dependency of the package: it needs `torch` with CUDA (and `transformers` for the
 cross-check), which the GPU machine has. The pure part (cases, shard shapes, the model's figures)
@@ -31,7 +51,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import itertools
 import json
+import random
 import statistics
 import sys
 import time
@@ -39,12 +61,25 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from services.sim.engine.profiles import H200_SXM, QWEN3_32B_H100X2, QWEN25_3B_H200, ModelSpec, Profile
+from services.sim.engine.profiles import (
+    GLM47_FP8_H100X8,
+    H200_SXM,
+    QWEN3_32B_H100X2,
+    QWEN25_3B_H200,
+    ModelSpec,
+    Profile,
+)
 from services.sim.engine.step_time import StepTimeModel
 
-# Models whose attention normalises q and k per head (HF Qwen3Attention's q_norm/k_norm); Qwen2.5
-# has biases on q/k/v instead (HF Qwen2Attention), negligible next to the GEMMs and left out.
-QK_NORM_MODELS = frozenset({"Qwen3-32B"})
+# Models whose attention normalises q and k per head (HF Qwen3Attention's q_norm/k_norm; GLM-4.5/4.7
+# too: the `ModelSpec` comment counts its QK-norm params as negligible). Qwen2.5 and GLM have biases
+# on q/k/v (HF Qwen2Attention, GLM's `attention_bias`) and GLM rotates half of each head
+# (`partial_rotary_factor` 0.5): elementwise work next to the GEMMs, left out.
+QK_NORM_MODELS = frozenset({"Qwen3-32B", "GLM-4.7-FP8"})
+# GLM-4.x routing (transformers' Glm4MoeTopkRouter; the GLM-4.5 config.json: sigmoid scores,
+# one expert group, top-k weights renormalised then scaled by routed_scaling_factor 2.5).
+ROUTED_SCALING = 2.5
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,9 +132,19 @@ def default_cases() -> list[Case]:
     return cases
 
 
+MOE_FIELDS = frozenset({"moe_layers", "experts", "top_k", "shared_experts", "expert_intermediate"})
+
+
 @dataclass(frozen=True, slots=True)
 class Shard:
-    """The tensors one tensor-parallel rank holds (vLLM's column/row-parallel split)."""
+    """The tensors one tensor-parallel rank holds (vLLM's column/row-parallel split).
+
+    An MoE model's last ``moe_layers`` layers replace the MLP with ``experts`` routed experts (each
+    token uses ``top_k``) plus ``shared_experts`` that every token uses. Every expert's MLP width
+    is split across the ranks (``expert_intermediate`` per rank; vLLM's `FusedMoE` without expert
+    parallelism) and every rank holds the whole router (vLLM's GLM-4 MoE gate is a plain FP32
+    `nn.Linear`, vllm/model_executor/models/glm4_moe.py); the engine model's `ModelSpec` divides
+    the router by ``tp`` with the rest, 0.1 % of the rank's parameters."""
 
     num_layers: int
     hidden: int
@@ -110,26 +155,70 @@ class Shard:
     vocab: int
     tie_embeddings: bool
     qk_norm: bool
+    moe_layers: int = 0
+    experts: int = 0
+    top_k: int = 0
+    shared_experts: int = 0
+    expert_intermediate: int = 0
 
     @classmethod
     def of(cls, model: ModelSpec, tp: int) -> Shard:
-        if model.is_moe:
-            raise ValueError(f"{model.name}: MoE layers are not built by this benchmark")
-        if model.num_q_heads % tp or model.intermediate_size % tp:
+        if model.num_q_heads % tp or model.intermediate_size % tp or model.moe_intermediate_size % tp:
             raise ValueError(f"{model.name}: heads or MLP width not divisible by tp={tp}")
-        return cls(model.num_layers, model.hidden_size, model.num_q_heads // tp,
-                   max(1, model.num_kv_heads // tp), model.head_dim, model.intermediate_size // tp,
-                   -(-model.vocab_size // tp), model.tie_embeddings, model.name in QK_NORM_MODELS)
+        shard = cls(model.num_layers, model.hidden_size, model.num_q_heads // tp,
+                    max(1, model.num_kv_heads // tp), model.head_dim, model.intermediate_size // tp,
+                    -(-model.vocab_size // tp), model.tie_embeddings, model.name in QK_NORM_MODELS)
+        if not model.is_moe:
+            return shard
+        return dataclasses.replace(shard, moe_layers=model.n_moe, experts=model.num_experts,
+                                   top_k=model.experts_per_token, shared_experts=model.num_shared_experts,
+                                   expert_intermediate=model.moe_intermediate_size // tp)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def dense_layers(self) -> int:
+        return self.num_layers - self.moe_layers
+
+    @property
+    def router_params(self) -> int:
+        return self.moe_layers * self.hidden * self.experts
 
     @property
     def params(self) -> int:
         attn = self.hidden * (self.q_heads + 2 * self.kv_heads) * self.head_dim + self.q_heads * self.head_dim * self.hidden
         mlp = 3 * self.hidden * self.intermediate
+        experts = self.moe_layers * (self.experts + self.shared_experts) * 3 * self.hidden * self.expert_intermediate
         emb = self.vocab * self.hidden * (1 if self.tie_embeddings else 2)
-        return self.num_layers * (attn + mlp) + emb
+        return self.num_layers * attn + self.dense_layers * mlp + self.router_params + experts + emb
 
     def kv_bytes(self, tokens: int) -> int:
         return 2 * self.num_layers * self.kv_heads * self.head_dim * 2 * tokens  # K and V, BF16
+
+    def record(self) -> dict[str, Any]:
+        """The shard as a results file keeps it (a dense shard without the MoE fields, all zero)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if self.is_moe or k not in MOE_FIELDS}
+
+
+def uniform_assignment(num_tokens: int, experts: int, top_k: int, seed: int = 0) -> list[tuple[int, ...]]:
+    """The experts each token uses: ``top_k`` distinct ones drawn uniformly, independently per token.
+    That is the engine model's routing assumption (step_time.py: T tokens touch
+    ``E * (1 - (1 - k/E)^T)`` of a layer's E experts). Seeded, so a case always draws the same."""
+    rng = random.Random(seed)
+    return [tuple(rng.sample(range(experts), top_k)) for _ in range(num_tokens)]
+
+
+def group_by_expert(assignment: Sequence[Sequence[int]], experts: int) -> tuple[list[int], list[int]]:
+    """The (token, slot) pairs of ``assignment``, numbered token-major (``token * k + slot``), in the
+    order a grouped GEMM reads them (by expert, then token), and how many pairs each expert got."""
+    flat = [e for row in assignment for e in row]
+    order = sorted(range(len(flat)), key=flat.__getitem__)  # stable: by token within an expert
+    counts = [0] * experts
+    for e in flat:
+        counts[e] += 1
+    return order, counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,15 +234,27 @@ class Target:
 
 
 def default_targets() -> list[Target]:
-    """Profiles whose model fits one H200. The engine model is priced on the GPU it runs on, so
-    the 32B targets use the H200's figures (same tensor cores as the H100, 4.8 vs 3.35 TB/s HBM)
-    with the efficiencies of the shipped profiles unchanged: those efficiencies are what is
-    checked. ``qwen3-32b/tp2-rank`` is one rank of the TAO paper's TP=2 deployment."""
+    """Profiles of which one rank fits one H200. The engine model is priced on the GPU it runs on,
+    so the H100 profiles use the H200's figures (same tensor cores as the H100, 4.8 vs 3.35 TB/s
+    HBM) with the efficiencies of the shipped profiles unchanged: those efficiencies are what is
+    checked. ``qwen3-32b/tp2-rank`` is one rank of the TAO paper's TP=2 deployment,
+    ``glm-4.7-fp8-h200x8/tp8-rank`` one rank of its GLM-4.7-FP8 TP=8 node (~44 GB of FP8 weights)."""
     return [
         Target("qwen2.5-3b-h200", QWEN25_3B_H200),
         Target("qwen3-32b-h200x1", dataclasses.replace(QWEN3_32B_H100X2, name="qwen3-32b-h200x1", gpu=H200_SXM, tp=1)),
         Target("qwen3-32b-h200x2/tp2-rank", dataclasses.replace(QWEN3_32B_H100X2, name="qwen3-32b-h200x2", gpu=H200_SXM)),
+        Target("glm-4.7-fp8-h200x8/tp8-rank", dataclasses.replace(GLM47_FP8_H100X8, name="glm-4.7-fp8-h200x8", gpu=H200_SXM)),
     ]
+
+
+def moe_only(profile: Profile) -> Profile:
+    """``profile`` with everything but its MoE blocks taken out of the model (no attention, no dense
+    MLP, no vocabulary): the engine model's linear-layer roofline of this profile then prices just
+    the routers, shared experts and the routed experts a step touches."""
+    m = profile.model
+    blocks = dataclasses.replace(m, num_layers=m.n_moe, num_dense_layers=0, num_q_heads=0, num_kv_heads=0,
+                                 vocab_size=0)
+    return dataclasses.replace(profile, model=blocks)
 
 
 def model_figures(profile: Profile, case: Case) -> dict[str, float]:
@@ -162,20 +263,28 @@ def model_figures(profile: Profile, case: Case) -> dict[str, float]:
     ``gpu_s`` is what a CUDA-graph replay of the forward pass is compared with: linear layers,
     attention and the per-layer floor of small kernels. ``step_s`` is the full step the engine
     model charges, which adds the all-reduces (not measured on one GPU), the per-step CPU
-    overhead (scheduler, input preparation) and the per-sequence overhead (bookkeeping, sampler)."""
+    overhead (scheduler, input preparation) and the per-sequence overhead (bookkeeping, sampler).
+    For an MoE model, ``moe_s`` is the same linear roofline over the MoE blocks' weights and FLOPs
+    alone (`moe_only`): part of ``linear_s``, not a term of its own (the model has none)."""
     m = StepTimeModel(profile)
     linear = m.linear_time_s(case.num_tokens, case.num_sampled)
     attention = m.attention_time_s(case.kv_tokens_read, case.attn_pairs)
     per_layer = profile.per_layer_overhead_s * profile.model.num_layers
     step = m.step_time_s(case.num_tokens, case.num_seqs, case.num_sampled, case.kv_tokens_read, case.attn_pairs)
-    return {"linear_s": linear, "attention_s": attention, "per_layer_s": per_layer,
-            "gpu_s": linear + attention + per_layer, "allreduce_s": m.allreduce_time_s(case.num_tokens),
-            "step_s": step}
+    fig = {"linear_s": linear, "attention_s": attention, "per_layer_s": per_layer,
+           "gpu_s": linear + attention + per_layer, "allreduce_s": m.allreduce_time_s(case.num_tokens),
+           "step_s": step}
+    if profile.model.is_moe:
+        fig["moe_s"] = StepTimeModel(moe_only(profile)).linear_time_s(case.num_tokens, 0)
+    return fig
 
 
 def fits(shard: Shard, case: Case, free_bytes: float) -> bool:
     """Whether the case's KV cache and activations fit in the GPU memory left (20 % headroom)."""
     act = case.num_tokens * (shard.hidden * 8 + 2 * shard.intermediate * 3 + (shard.q_heads + 2 * shard.kv_heads) * shard.head_dim * 4)
+    # MoE: per (token, expert) pair the gathered input and its FP8 copy, the expert outputs and
+    # their reordered copy; the gate/up output and its activation
+    act += case.num_tokens * shard.top_k * (shard.hidden * 7 + shard.expert_intermediate * 8)
     need = shard.kv_bytes(case.kv_tokens_read) + act + case.num_sampled * shard.vocab * 4  # the KV it reads is resident
     return need * 1.2 < free_bytes
 
@@ -189,11 +298,71 @@ def _torch() -> Any:
     return torch
 
 
+@dataclass(frozen=True, slots=True)
+class Fp8Weight:
+    """A weight [..., out, in] in float8_e4m3fn, ``w ~= q * scale`` with one float32 ``scale``
+    (0-d) per tensor; ``scale_out`` is that scale repeated per output channel ([..., out]), the
+    form `torch._scaled_grouped_mm` takes."""
+
+    q: Any
+    scale: Any
+    scale_out: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """One step's token-to-expert grouping, as device tensors: ``slots`` [T, k] the expert of each
+    (token, slot); ``rows`` [T*k] the token each grouped row reads; ``unsort`` [T*k] where each
+    (token, slot) pair, token-major, sits among the grouped rows; ``offs`` [E] int32, the end of
+    each expert's rows (a grouped GEMM's offsets); ``counts`` the same group sizes on the host."""
+
+    slots: Any
+    rows: Any
+    unsort: Any
+    offs: Any
+    counts: tuple[int, ...]
+
+
+def _quantize_fp8(torch: Any, w: Any) -> Fp8Weight:
+    """``w`` in float8_e4m3fn with one per-tensor scale (its largest magnitude maps to 448)."""
+    scale = (w.abs().amax().float() / FP8_MAX).clamp(min=1e-12)
+    q = (w.float() / scale).to(torch.float8_e4m3fn)
+    return Fp8Weight(q, scale, scale.expand(*w.shape[:-1]).contiguous())
+
+
+def _quantize_act(torch: Any, x: Any) -> tuple[Any, Any]:
+    """Dynamic per-tensor FP8 quantisation of an activation, as vLLM's `scaled_fp8_quant` without a
+    static scale: the largest magnitude maps to 448, in few kernels (one reduction, two on the
+    scalar, one divide, one cast). BF16 rounding can put a value a step above 448; c10's
+    float-to-e4m3fn cast rounds anything below 464 to 448, so no clamp is needed. (An all-zero
+    activation would give a zero scale: none occurs here.)"""
+    scale = torch.linalg.vector_norm(x, float("inf")).float() / FP8_MAX
+    return (x / scale).to(torch.float8_e4m3fn), scale
+
+
+def _fp8_refusal(torch: Any, device: str) -> str | None:
+    """Why FP8 GEMMs cannot run on ``device`` (None when a small `torch._scaled_mm` runs)."""
+    try:
+        a = torch.ones(16, 32, device=device).to(torch.float8_e4m3fn)
+        one = torch.ones((), device=device)
+        torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    except (RuntimeError, ValueError, TypeError, AttributeError) as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    return None
+
+
+def _nbytes(t: Any) -> int:
+    if isinstance(t, Fp8Weight):
+        return int(t.q.numel() * t.q.element_size() + t.scale_out.numel() * 4 + 4)
+    return int(t.numel() * t.element_size())
+
+
 class Decoder:
-    """Random BF16 weights of one shard and a forward pass for one ``Case``."""
+    """Random weights of one shard (BF16, or FP8 where ``fp8`` and the GPU allows) and a forward
+    pass for one ``Case``."""
 
     def __init__(self, shard: Shard, device: str, seed: int = 0, fused: bool = False,
-                 attention: str = "flash") -> None:
+                 attention: str = "flash", fp8: bool = False) -> None:
         torch = _torch()
         self.torch = torch
         self.fused = fused
@@ -201,43 +370,114 @@ class Decoder:
         self._paths = self._path_list()
         self.s = shard
         self.device = device
+        self.attn_paths: set[str] = set()
+        self.gemm_paths: set[str] = set()
+        self._chosen: dict[str, int] = {}
+        refused = _fp8_refusal(torch, device) if fp8 else None
+        self.fp8 = fp8 and refused is None
+        self.gemm_paths.add("linear: " + ("FP8 torch._scaled_mm, per-tensor scales" if self.fp8 else
+                                          "BF16 matmul" + (f" (FP8 refused: {refused})" if refused else "")))
         g = torch.Generator(device=device).manual_seed(seed)
 
         def w(*shape: int) -> Any:
             t = torch.empty(*shape, dtype=torch.bfloat16, device=device)
             return t.normal_(0.0, 0.02, generator=g)
 
+        def lin(*shape: int) -> Any:  # a GEMM weight: FP8 when this decoder runs FP8 GEMMs
+            return _quantize_fp8(torch, w(*shape)) if self.fp8 else w(*shape)
+
+        def ones(n: int) -> Any:
+            return torch.ones(n, dtype=torch.bfloat16, device=device)
+
         s = shard
         qkv_out = (s.q_heads + 2 * s.kv_heads) * s.head_dim
-        self.layers = []
-        for _ in range(s.num_layers):
-            layer = {
-                "ln1": torch.ones(s.hidden, dtype=torch.bfloat16, device=device),
-                "qkv": w(qkv_out, s.hidden),
-                "o": w(s.hidden, s.q_heads * s.head_dim),
-                "ln2": torch.ones(s.hidden, dtype=torch.bfloat16, device=device),
-                "gate_up": w(2 * s.intermediate, s.hidden),
-                "down": w(s.hidden, s.intermediate),
-            }
+        self.layers: list[dict[str, Any]] = []
+        for i in range(s.num_layers):
+            layer = {"ln1": ones(s.hidden), "qkv": lin(qkv_out, s.hidden), "o": lin(s.hidden, s.q_heads * s.head_dim),
+                     "ln2": ones(s.hidden)}
+            if i < s.dense_layers:
+                layer |= {"gate_up": lin(2 * s.intermediate, s.hidden), "down": lin(s.hidden, s.intermediate)}
+            else:
+                ei, si = s.expert_intermediate, s.shared_experts * s.expert_intermediate
+                router = torch.empty(s.experts, s.hidden, dtype=torch.float32, device=device)
+                layer |= {"router": router.normal_(0.0, 0.02, generator=g),
+                          "router_bias": torch.zeros(s.experts, dtype=torch.float32, device=device),
+                          "experts_gate_up": lin(s.experts, 2 * ei, s.hidden), "experts_down": lin(s.experts, s.hidden, ei),
+                          "shared_gate_up": lin(2 * si, s.hidden), "shared_down": lin(s.hidden, si)}
             if s.qk_norm:
-                layer["q_norm"] = torch.ones(s.head_dim, dtype=torch.bfloat16, device=device)
-                layer["k_norm"] = torch.ones(s.head_dim, dtype=torch.bfloat16, device=device)
+                layer["q_norm"] = ones(s.head_dim)
+                layer["k_norm"] = ones(s.head_dim)
             self.layers.append(layer)
         self.embed = w(s.vocab, s.hidden)
         self.lm_head = self.embed if s.tie_embeddings else w(s.vocab, s.hidden)
-        self.final_ln = torch.ones(s.hidden, dtype=torch.bfloat16, device=device)
-        self.attn_paths: set[str] = set()
-        self._chosen: dict[str, int] = {}
+        self.final_ln = ones(s.hidden)
 
     def weight_bytes(self) -> int:
-        return self.s.params * 2
+        """Bytes of the weights built (FP8 ones at one byte a parameter)."""
+        tensors = [t for L in self.layers for t in L.values()] + [self.embed, self.final_ln]
+        if self.lm_head is not self.embed:
+            tensors.append(self.lm_head)
+        return sum(_nbytes(t) for t in tensors)
+
+    # -- GEMMs -------------------------------------------------------------------------------
+
+    def _mm(self, x: Any, w: Any) -> Any:
+        """``x @ w.T`` for a linear layer's weight [out, in]: BF16, or FP8 with the activation
+        quantised per tensor on the fly."""
+        if not isinstance(w, Fp8Weight):
+            return x @ w.t()
+        xq, xs = _quantize_act(self.torch, x)
+        return self.torch._scaled_mm(xq, w.q.t(), scale_a=xs, scale_b=w.scale, out_dtype=self.torch.bfloat16)
+
+    def _experts_mm(self, key: str, x: Any, w: Any, d: Dispatch) -> Any:
+        """Every expert's GEMM on its rows of ``x`` (grouped by expert as ``d`` says) with its
+        weight in ``w`` [E, out, in]: one grouped GEMM where the kernels take it, else one GEMM
+        per expert that has rows; the first that runs is kept, as for attention."""
+        torch = self.torch
+        attempts: list[tuple[str, Callable[[], Any]]] = []
+        if isinstance(w, Fp8Weight):
+            if hasattr(torch, "_scaled_grouped_mm"):
+                attempts.append(("FP8 torch._scaled_grouped_mm", functools.partial(self._grouped_fp8, x, w, d)))
+            attempts.append(("FP8 torch._scaled_mm per expert", functools.partial(self._per_expert, x, w, d)))
+        else:
+            if hasattr(torch, "_grouped_mm"):
+                attempts.append(("BF16 torch._grouped_mm", functools.partial(self._grouped_bf16, x, w, d)))
+            attempts.append(("BF16 matmul per expert", functools.partial(self._per_expert, x, w, d)))
+        return self._first_that_runs(f"experts {key}", attempts, self.gemm_paths)
+
+    def _grouped_bf16(self, x: Any, w: Any, d: Dispatch) -> Any:
+        return self.torch._grouped_mm(x, w.transpose(1, 2), offs=d.offs)
+
+    def _grouped_fp8(self, x: Any, w: Fp8Weight, d: Dispatch) -> Any:
+        torch = self.torch
+        xq, xs = _quantize_act(torch, x)
+        return torch._scaled_grouped_mm(xq, w.q.transpose(1, 2), xs.expand(x.shape[0]).contiguous(), w.scale_out,
+                                        offs=d.offs, out_dtype=torch.bfloat16)
+
+    def _per_expert(self, x: Any, w: Any, d: Dispatch) -> Any:
+        """One GEMM per expert with rows (group sizes known on the host: capture-safe, slow)."""
+        torch = self.torch
+        fp8 = isinstance(w, Fp8Weight)
+        xq, xs = _quantize_act(torch, x) if fp8 else (x, None)
+        outs, start = [], 0
+        for e, n in enumerate(d.counts):
+            if n:
+                rows = xq[start: start + n]
+                outs.append(torch._scaled_mm(rows, w.q[e].t(), scale_a=xs, scale_b=w.scale, out_dtype=torch.bfloat16)
+                            if fp8 else rows @ w[e].t())
+            start += n
+        return torch.cat(outs, 0)
 
     # -- attention ---------------------------------------------------------------------------
 
-    def _first_that_runs(self, key: str, attempts: Sequence[tuple[str, Callable[[], Any]]]) -> Any:
+    def _first_that_runs(self, key: str, attempts: Sequence[tuple[str, Callable[[], Any]]],
+                         into: set[str] | None = None) -> Any:
         """Run the first of ``attempts`` (label, call) that the kernels accept, and keep it for
         ``key``: later calls (a CUDA-graph capture among them) run only that one, so a capture
-        never meets a refusal. The kept path is reported in ``attn_paths``."""
+        never meets a refusal. The kept path is reported in ``into`` (with the last refusal before
+        it) or, unless said, in ``attn_paths``.
+        PyTorch refuses with RuntimeError (NotImplementedError among them) or, for argument checks
+        such as `_scaled_grouped_mm`'s, ValueError."""
         chosen = self._chosen.get(key)
         order = [chosen] if chosen is not None else range(len(attempts))
         err: Exception | None = None
@@ -245,14 +485,18 @@ class Decoder:
             label, call = attempts[i]
             try:
                 out = call()
-            except RuntimeError as exc:
+            except (RuntimeError, ValueError) as exc:
                 err = exc
                 continue
             if chosen is None:
                 self._chosen[key] = i
-                self.attn_paths.add(f"{key}: {label}")
+                if into is None:
+                    self.attn_paths.add(f"{key}: {label}")
+                else:  # with why the paths before it were refused
+                    why = f" (refused before: {type(err).__name__}: {str(err).splitlines()[0][:160]})" if err else ""
+                    into.add(f"{key}: {label}{why}")
             return out
-        raise RuntimeError(f"no attention path ran for {key}: {err}")
+        raise RuntimeError(f"no kernel path ran for {key}: {err}")
 
     def _sdpa(self, q: Any, k: Any, v: Any, *, prior: int) -> Any:
         """Causal attention of q [1, Hq, n, D] against k/v [1, Hkv, prior + n, D], the query block
@@ -339,21 +583,26 @@ class Decoder:
 
             return rot(q), rot(k)
 
-        def silu_mul(gu: Any) -> Any:
-            return F.silu(gu[:, : s.intermediate]) * gu[:, s.intermediate:]
+        def silu_mul(gu: Any) -> Any:  # gate and up halves of the last dimension
+            half = gu.shape[-1] // 2
+            return F.silu(gu[:, :half]) * gu[:, half:]
 
         if not self.fused:
             return add_norm, qk_rope, silu_mul
         c = torch.compile
         return c(add_norm, dynamic=True), c(qk_rope, dynamic=True), c(silu_mul, dynamic=True)
 
-    def make_step(self, case: Case, parts: frozenset[str] = PARTS, ids: Any = None) -> Callable[[], Any]:
+    def make_step(self, case: Case, parts: frozenset[str] = PARTS, ids: Any = None,
+                  assignment: Sequence[Sequence[int]] | None = None) -> Callable[[], Any]:
         """Allocate the case's inputs and KV cache; return a function running one forward step.
 
         ``parts`` leaves components out so that each can be timed alone: ``linear`` (every GEMM,
-        the LM head included), ``attention`` (KV-cache write and attention) and ``other`` (embedding,
-        norms, rotary, activation, residual adds). A part left out takes its output from a
-        preallocated tensor of the right shape, so the others see the same shapes."""
+        the LM head, routers and experts included), ``attention`` (KV-cache write and attention)
+        and ``other`` (embedding, norms, rotary, activation, residual adds, routing, grouping and
+        combining). ``moe`` runs an MoE model's MoE blocks whole, GEMMs and the rest (`make_moe`).
+        A part left out takes its output from a preallocated tensor of the right shape, so the
+        others see the same shapes. ``assignment`` fixes the experts of each token (default: a
+        `uniform_assignment`)."""
         torch = self.torch
         s, dev = self.s, self.device
         lin, att, misc = "linear" in parts, "attention" in parts, "other" in parts
@@ -390,6 +639,8 @@ class Decoder:
         F = torch.nn.functional
         eps = 1e-6
         add_norm, qk_rope, silu_mul = self._elementwise()
+        mm = self._mm
+        moe = self.make_moe(t, parts, assignment, silu_mul) if s.is_moe else None
 
         def step() -> Any:
             x = self.embed[ids] if misc else fixed_x
@@ -401,7 +652,7 @@ class Decoder:
                     h = F.rms_norm(x, (s.hidden,), L["ln1"], eps)
                 else:  # the previous layer's residual add, fused with this layer's norm
                     x, h = add_norm(x, mlp, L["ln1"])
-                qkv = h @ L["qkv"].t() if lin else fixed_qkv
+                qkv = mm(h, L["qkv"]) if lin else fixed_qkv
                 q = qkv[:, : hq * d].view(-1, hq, d)
                 k = qkv[:, hq * d: (hq + hkv) * d].view(-1, hkv, d)
                 v = qkv[:, (hq + hkv) * d:].view(-1, hkv, d)
@@ -422,14 +673,18 @@ class Decoder:
                     a = outs[0] if len(outs) == 1 else torch.cat(outs, 0)
                 else:
                     a = fixed_attn
-                o_out = a @ L["o"].t() if lin else fixed_o
+                o_out = mm(a, L["o"]) if lin else fixed_o
                 if misc:
                     x, h = add_norm(x, o_out, L["ln2"])
                 else:
                     h = o_out
-                gu = h @ L["gate_up"].t() if lin else fixed_gu
-                act = silu_mul(gu) if misc else gu[:, : s.intermediate]
-                mlp = act @ L["down"].t() if lin else fixed_mlp
+                if "router" in L:
+                    assert moe is not None
+                    mlp = moe(h, L)
+                else:
+                    gu = mm(h, L["gate_up"]) if lin else fixed_gu
+                    act = silu_mul(gu) if misc else gu[:, : s.intermediate]
+                    mlp = mm(act, L["down"]) if lin else fixed_mlp
                 if not misc:
                     x = mlp
             if misc:
@@ -438,6 +693,74 @@ class Decoder:
             return last @ self.lm_head.t() if lin else last
 
         return step
+
+    def dispatch(self, assignment: Sequence[Sequence[int]]) -> Dispatch:
+        """The device tensors that group ``assignment``'s (token, expert) pairs by expert."""
+        torch, dev = self.torch, self.device
+        order, counts = group_by_expert(assignment, self.s.experts)
+        unsort = [0] * len(order)
+        for row, pair in enumerate(order):
+            unsort[pair] = row
+        k = self.s.top_k
+        return Dispatch(slots=torch.tensor([list(r) for r in assignment], dtype=torch.long, device=dev).view(-1, k),
+                        rows=torch.tensor([pair // k for pair in order], dtype=torch.long, device=dev),
+                        unsort=torch.tensor(unsort, dtype=torch.long, device=dev),
+                        offs=torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32, device=dev),
+                        counts=tuple(counts))
+
+    def make_moe(self, num_tokens: int, parts: frozenset[str] = PARTS, assignment: Sequence[Sequence[int]] | None = None,
+                 silu_mul: Callable[[Any], Any] | None = None) -> Callable[[Any, dict[str, Any]], Any]:
+        """A function computing one MoE block on ``num_tokens`` normed hidden states ``h``:
+
+        router logits (an FP32 GEMM, as vLLM's glm4_moe.py and transformers' Glm4MoeTopkRouter),
+        sigmoid scores, top-k on the bias-corrected scores; the rows of
+        ``h`` gathered by expert; one grouped GEMM for the experts' gate/up, SiLU-and-mul, one for
+        their down projections; the outputs put back in token order and summed with the routing
+        weights (the scores at the token's experts, renormalised, times ``ROUTED_SCALING``); plus
+        the shared expert. The experts each token goes to are ``assignment``'s (default: a seeded
+        `uniform_assignment`): the top-k runs, its choice is not used, so the groups have the sizes
+        the CUDA graph was captured with. With ``assignment`` the router's own top-k (`route`), the
+        block is GLM's MoE. ``parts`` as in `make_step`: ``moe`` runs it all."""
+        torch = self.torch
+        s, dev, t, k = self.s, self.device, num_tokens, self.s.top_k
+        run_lin = "linear" in parts or "moe" in parts
+        run_misc = "other" in parts or "moe" in parts
+        d = self.dispatch(uniform_assignment(t, s.experts, k) if assignment is None else assignment)
+        act_fn = self._elementwise()[2] if silu_mul is None else silu_mul
+        ei, si, mm = s.expert_intermediate, s.shared_experts * s.expert_intermediate, self._mm
+
+        def static(*shape: int, dtype: Any = torch.bfloat16) -> Any:
+            return (torch.randn(*shape, device=dev) * 0.02).to(dtype)
+
+        fixed_logits: Any = None if run_lin else static(t, s.experts, dtype=torch.float32)
+        fixed_gu: Any = None if run_lin else static(t * k, 2 * ei)
+        fixed_ys: Any = None if run_lin else static(t * k, s.hidden)
+        fixed_sgu: Any = None if run_lin else static(t, 2 * si)
+        fixed_shared: Any = None if run_lin else static(t, s.hidden)
+        fixed_w: Any = None if run_misc else static(t, k)
+        fixed_xs: Any = None if run_misc else static(t * k, s.hidden)
+
+        def block(h: Any, L: dict[str, Any]) -> Any:
+            logits = h.float() @ L["router"].t() if run_lin else fixed_logits
+            if run_misc:
+                scores = logits.sigmoid()
+                torch.topk(scores + L["router_bias"], k, dim=-1)  # the choice; the dispatch is ``d``'s
+                w = scores.gather(1, d.slots)
+                w = (w / (w.sum(-1, keepdim=True) + 1e-20) * ROUTED_SCALING).to(torch.bfloat16)
+                xs = h[d.rows]
+            else:
+                w, xs = fixed_w, fixed_xs
+            gu = self._experts_mm("gate_up", xs, L["experts_gate_up"], d) if run_lin else fixed_gu
+            act = act_fn(gu) if run_misc else gu[:, :ei]
+            ys = self._experts_mm("down", act, L["experts_down"], d) if run_lin else fixed_ys
+            sgu = mm(h, L["shared_gate_up"]) if run_lin else fixed_sgu
+            shared = mm(act_fn(sgu) if run_misc else sgu[:, :si], L["shared_down"]) if run_lin else fixed_shared
+            if not run_misc:
+                return shared
+            routed = torch.bmm(w.unsqueeze(1), ys[d.unsort].view(t, k, -1)).squeeze(1)
+            return routed + shared
+
+        return block
 
 
 def _time_replays(torch: Any, fn: Callable[[], Any], budget_s: float) -> list[float]:
@@ -483,7 +806,13 @@ def device_ceilings(torch: Any) -> dict[str, float]:
     a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
     bm = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
     t = statistics.median(_time_replays(torch, lambda: a @ bm, 0.5))
-    return {"copy_bytes_per_s": bw, "bf16_gemm_flops": 2 * 8192**3 / t}
+    out = {"copy_bytes_per_s": bw, "bf16_gemm_flops": 2 * 8192**3 / t}
+    if _fp8_refusal(torch, "cuda") is None:
+        aq, bq, one = a.to(torch.float8_e4m3fn), bm.to(torch.float8_e4m3fn), torch.ones((), device="cuda")
+        t = statistics.median(_time_replays(
+            torch, lambda: torch._scaled_mm(aq, bq.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16), 0.5))
+        out["fp8_gemm_flops"] = 2 * 8192**3 / t
+    return out
 
 
 def hf_cross_check(torch: Any, model: ModelSpec, decoder: Decoder, cases: Iterable[Case],
@@ -568,27 +897,236 @@ def check_against_transformers(device: str = "cpu", fused: bool = False) -> floa
     return float((ours - ref).abs().max())
 
 
+def route(torch: Any, h: Any, layer: dict[str, Any], top_k: int) -> list[tuple[int, ...]]:
+    """The experts GLM's router picks for each row of ``h``: top-k of the sigmoid scores plus the
+    correction bias (transformers' Glm4MoeTopkRouter with one group)."""
+    scores = (h.float() @ layer["router"].t()).sigmoid()
+    chosen = torch.topk(scores + layer["router_bias"], top_k, dim=-1).indices
+    return [tuple(int(e) for e in row) for row in chosen.tolist()]
+
+
+def naive_moe(torch: Any, h: Any, layer: dict[str, Any], top_k: int,
+              assignment: Sequence[Sequence[int]] | None = None) -> Any:
+    """One MoE block the plain way, a token and an expert at a time, in FP32 from the decoder's
+    weights: the reference for `Decoder.make_moe`. The experts are the router's choice, or
+    ``assignment``'s when given; the weights are the token's scores at them, renormalised and
+    scaled (transformers' Glm4MoeTopkRouter), and the shared expert is added."""
+    F = torch.nn.functional
+
+    def real(w: Any) -> Any:
+        return w.q.float() * w.scale if isinstance(w, Fp8Weight) else w.float()
+
+    gate_up, down = real(layer["experts_gate_up"]), real(layer["experts_down"])
+    shared_gate_up, shared_down = real(layer["shared_gate_up"]), real(layer["shared_down"])
+
+    def mlp(x: Any, gu_w: Any, down_w: Any) -> Any:
+        g, u = (gu_w @ x).chunk(2)
+        return down_w @ (F.silu(g) * u)
+
+    chosen = route(torch, h, layer, top_k) if assignment is None else assignment
+    out = []
+    for x, experts in zip(h.float(), chosen, strict=True):
+        scores = (layer["router"].float() @ x).sigmoid()
+        weights = scores[list(experts)]
+        weights = weights / weights.sum() * ROUTED_SCALING
+        y = mlp(x, shared_gate_up, shared_down)
+        for wt, e in zip(weights, experts, strict=True):
+            y = y + wt * mlp(x, gate_up[e], down[e])
+        out.append(y)
+    return torch.stack(out)
+
+
+TINY_MOE = ModelSpec("GLM-4.7-FP8", "tiny", 2, 64, 4, 2, 16, 128, 100, False, 4096, num_dense_layers=1,
+                     num_experts=8, experts_per_token=2, num_shared_experts=1, moe_intermediate_size=32)
+
+
+def check_moe(device: str = "cpu", fp8: bool = False, tokens: int = 40) -> dict[str, Any]:
+    """Run one MoE block of a small GLM-shaped model (8 experts, top-2, one shared) through
+    `Decoder.make_moe` with the router's own choice of experts, and compare it with `naive_moe`
+    and, where `transformers` has it, with its `Glm4MoeMoE` holding the same weights. Returns the
+    largest differences relative to the largest output (BF16 rounding is ~1e-2; FP8 ~5e-2)."""
+    torch = _torch()
+    shard = Shard.of(TINY_MOE, 1)
+    dec = Decoder(shard, device, fp8=fp8)
+    layer = dec.layers[-1]
+    g = torch.Generator(device=device).manual_seed(2)
+    layer["router_bias"].normal_(0.0, 0.01, generator=g)
+    h = torch.randn(tokens, shard.hidden, device=device, generator=g).to(torch.bfloat16)
+    with torch.no_grad():
+        ours = dec.make_moe(tokens, assignment=route(torch, h, layer, shard.top_k))(h, layer).float()
+        ref = naive_moe(torch, h, layer, shard.top_k)
+        out: dict[str, Any] = {"naive": float((ours - ref).abs().max() / ref.abs().max()),
+                               "gemm_paths": sorted(dec.gemm_paths)}
+        try:
+            hf = _hf_moe_block(torch, shard, layer, device)
+            out["transformers"] = float((ours - hf(h[None]).float()[0]).abs().max() / ref.abs().max())
+        except (ImportError, AttributeError, TypeError) as exc:  # an older transformers: no Glm4MoeMoE
+            out["transformers"] = None
+            out["transformers_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    return out
+
+
+def _hf_moe_block(torch: Any, shard: Shard, layer: dict[str, Any], device: str) -> Any:
+    """transformers' GLM-4.x MoE block (router, experts, shared expert) with ``layer``'s weights."""
+    from transformers import Glm4MoeConfig
+    from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeMoE
+
+    def real(w: Any) -> Any:
+        return (w.q.float() * w.scale).to(torch.bfloat16) if isinstance(w, Fp8Weight) else w
+
+    cfg = Glm4MoeConfig(hidden_size=shard.hidden, moe_intermediate_size=shard.expert_intermediate,
+                        n_routed_experts=shard.experts, num_experts_per_tok=shard.top_k,
+                        n_shared_experts=shard.shared_experts, routed_scaling_factor=ROUTED_SCALING,
+                        n_group=1, topk_group=1, norm_topk_prob=True)
+    cfg._experts_implementation = "eager"  # transformers' plain loop over the experts
+    block = Glm4MoeMoE(cfg).to(device=device, dtype=torch.bfloat16).eval()
+    si = shard.shared_experts * shard.expert_intermediate
+    shared_gate, shared_up = real(layer["shared_gate_up"]).split([si, si])
+    with torch.no_grad():
+        block.gate.weight.data = layer["router"].clone()  # FP32, as the router is
+        block.gate.e_score_correction_bias.data = layer["router_bias"].clone()
+        block.experts.gate_up_proj.copy_(real(layer["experts_gate_up"]))
+        block.experts.down_proj.copy_(real(layer["experts_down"]))
+        block.shared_experts.gate_proj.weight.copy_(shared_gate)
+        block.shared_experts.up_proj.weight.copy_(shared_up)
+        block.shared_experts.down_proj.weight.copy_(real(layer["shared_down"]))
+    return block
+
+
+def timed_parts(shard: Shard) -> list[tuple[str, frozenset[str]]]:
+    """What is timed for each case: the whole step, then each component alone (`make_step`)."""
+    parts = [("all", Decoder.PARTS), ("linear", frozenset({"linear"})), ("attention", frozenset({"attention"}))]
+    return parts + ([("moe", frozenset({"moe"}))] if shard.is_moe else [])
+
+
+EXPERT_TOKENS = (1, 8, 64, 256, 2048, 8192)
+
+
+def touched_experts(num_tokens: int, experts: int, top_k: int) -> int:
+    """Experts of a layer that ``num_tokens`` tokens touch under uniform routing, rounded: the
+    engine model's E·(1 − (1 − k/E)^T) (step_time.py)."""
+    return max(1, min(experts, round(experts * (1.0 - (1.0 - top_k / experts) ** num_tokens))))
+
+
+def expert_gemms(target: Target, log: Callable[[str], None], tokens: Sequence[int] = EXPERT_TOKENS,
+                 device: str = "cuda") -> dict[str, Any]:
+    """How far a grouped expert GEMM is from dense GEMMs doing the same work, per MoE layer of one
+    rank (``--expert-gemms``): for T tokens, the routed experts' gate/up and down projections as
+    the step runs them (`Decoder._experts_mm` with a uniform assignment, activation quantisation
+    included), the quantisation of the gate/up input alone, and then GEMMs alone on activations
+    quantised beforehand: the same grouped GEMMs, one dense FP8 GEMM with the same FLOPs (all T·k rows against one expert's
+    weight) and one with the same weight bytes (T rows against the touched experts' weights side by
+    side; rows rounded up to 16), each captured in a CUDA graph. A fused MoE kernel (vLLM's) does the
+    grouped work; the dense GEMMs bound what any kernel does with it on this GPU. The routed
+    experts only: the router GEMM, the shared expert and the gather/scatter are not here."""
+    torch = _torch()
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: this benchmark runs on a GPU machine")
+    base = target.shard
+    if not base.is_moe:
+        raise SystemExit(f"{target.label}: not a mixture-of-experts model")
+    shard = dataclasses.replace(base, num_layers=1, moe_layers=1)
+    dec = Decoder(shard, device, fp8=target.profile.use_fp8_compute and device == "cuda")
+    layer = dec.layers[0]
+    k, e, h, ei = shard.top_k, shard.experts, shard.hidden, shard.expert_intermediate
+    gate_up, down = layer["experts_gate_up"], layer["experts_down"]
+    rows_out: list[dict[str, Any]] = []
+    log(f"== {target.label}: one MoE layer's routed experts ({e} experts, top-{k}, {2 * ei}/{ei} wide per rank), "
+        f"µs; {'; '.join(sorted(dec.gemm_paths))}")
+    log(f"{'tokens':>7} {'touched':>7} {'grouped gate_up':>15} {'grouped down':>12} {'quantise':>8} "
+        f"{'grouped GEMMs':>13} {'dense same FLOPs':>16} {'dense same bytes':>16}   (last three: GEMMs only)")
+
+    def timed(fn: Callable[[], Any]) -> float:
+        with torch.inference_mode():
+            if device != "cuda":  # a dry run of the shapes (CPU): one call, wall time
+                t0 = time.perf_counter()
+                fn()
+                return time.perf_counter() - t0
+            return statistics.median(_time_replays(torch, _graphed(torch, fn), 0.3))
+
+    def rows16(m: int) -> int:  # FP8 GEMMs take row counts in multiples of 16
+        return -(-max(16, m) // 16) * 16
+
+    def dense(m: int, w: Any) -> Callable[[], Any]:
+        """The GEMM alone of ``m`` rows against the [out, in] weight ``w`` (FP8: the activation
+        quantised beforehand, as a fused MoE kernel receives it)."""
+        if not isinstance(w, Fp8Weight):
+            return functools.partial(torch.matmul, torch.randn(rows16(m), w.shape[-1], device=device,
+                                                               dtype=torch.bfloat16), w.t())
+        xq, xs_ = _quantize_act(torch, torch.randn(rows16(m), w.q.shape[-1], device=device, dtype=torch.bfloat16))
+        return functools.partial(torch._scaled_mm, xq, w.q.t(), scale_a=xs_, scale_b=w.scale,
+                                 out_dtype=torch.bfloat16)
+
+    def grouped(x: Any, w: Any, d: Dispatch) -> Callable[[], Any]:
+        """The grouped GEMM alone (FP8: on an activation quantised beforehand)."""
+        if not isinstance(w, Fp8Weight):
+            return functools.partial(dec._experts_mm, "gemm", x, w, d)
+        xq, xs_ = _quantize_act(torch, x)
+        return functools.partial(torch._scaled_grouped_mm, xq, w.q.transpose(1, 2), xs_.expand(x.shape[0]).contiguous(),
+                                 w.scale_out, offs=d.offs, out_dtype=torch.bfloat16)
+
+    def side_by_side(w: Any, n: int) -> Any:
+        """The first ``n`` experts' weights [n, out, in] as one [n·out, in] weight (same bytes)."""
+        if isinstance(w, Fp8Weight):
+            q = w.q[:n].reshape(-1, w.q.shape[-1])
+            return Fp8Weight(q, w.scale, w.scale.expand(q.shape[0]).contiguous())
+        return w[:n].reshape(-1, w.shape[-1])
+
+    def first(w: Any) -> Any:
+        return side_by_side(w, 1)
+
+    for t in tokens:
+        d = dec.dispatch(uniform_assignment(t, e, k))
+        n = touched_experts(t, e, k)
+        xs = torch.randn(t * k, h, device=device, dtype=torch.bfloat16)
+        acts = torch.randn(t * k, ei, device=device, dtype=torch.bfloat16)
+        row = {"tokens": t, "touched": n,
+               "grouped_gate_up_s": timed(functools.partial(dec._experts_mm, "gate_up", xs, gate_up, d)),
+               "grouped_down_s": timed(functools.partial(dec._experts_mm, "down", acts, down, d)),
+               "quantise_s": timed(functools.partial(_quantize_act, torch, xs)) if dec.fp8 else 0.0,
+               "grouped_gemms_s": timed(grouped(xs, gate_up, d)) + timed(grouped(acts, down, d)),
+               "dense_flops_s": timed(dense(t * k, first(gate_up))) + timed(dense(t * k, first(down))),
+               "dense_bytes_s": timed(dense(t, side_by_side(gate_up, n))) + timed(dense(t, side_by_side(down, n)))}
+        rows_out.append(row)
+        log(f"{t:7d} {n:7d} {row['grouped_gate_up_s'] * 1e6:15.1f} {row['grouped_down_s'] * 1e6:12.1f} "
+            f"{row['quantise_s'] * 1e6:8.1f} {row['grouped_gemms_s'] * 1e6:13.1f} {row['dense_flops_s'] * 1e6:16.1f} "
+            f"{row['dense_bytes_s'] * 1e6:16.1f}")
+    log("kernels: " + "; ".join(sorted(dec.gemm_paths)))
+    return {"label": target.label, "shard": shard.record(), "gemm_paths": sorted(dec.gemm_paths), "rows": rows_out}
+
+
 def run(targets: list[Target], cases: list[Case], hf_check: bool, log: Callable[[str], None],
-        save: Callable[[dict[str, Any]], None], fused: bool = False, attention: str = "flash") -> dict[str, Any]:
+        save: Callable[[dict[str, Any]], None], fused: bool = False, attention: str = "flash",
+        fp8: bool = True) -> dict[str, Any]:
     torch = _torch()
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: this benchmark runs on a GPU machine")
     props = torch.cuda.get_device_properties(0)
-    out: dict[str, Any] = {"fused_elementwise": fused, "attention": attention, "device": props.name, "sms": props.multi_processor_count,
-                           "torch": torch.__version__, "ceilings": device_ceilings(torch), "targets": []}
+    out: dict[str, Any] = {"fused_elementwise": fused, "attention": attention, "fp8": fp8, "device": props.name,
+                           "sms": props.multi_processor_count, "torch": torch.__version__,
+                           "ceilings": device_ceilings(torch), "targets": []}
     c = out["ceilings"]
     log(f"device {props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}: "
-        f"copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 GEMM {c['bf16_gemm_flops'] / 1e12:.0f} TFLOP/s")
+        f"copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 GEMM {c['bf16_gemm_flops'] / 1e12:.0f} TFLOP/s"
+        + (f", fp8 GEMM {c['fp8_gemm_flops'] / 1e12:.0f} TFLOP/s" if "fp8_gemm_flops" in c else ""))
     for target in targets:
         shard = target.shard
         t0 = time.perf_counter()
-        dec = Decoder(shard, "cuda", fused=fused, attention=attention)
-        torch.cuda.synchronize()
+        try:
+            dec = Decoder(shard, "cuda", fused=fused, attention=attention, fp8=fp8 and target.profile.use_fp8_compute)
+            torch.cuda.synchronize()
+        except Exception as exc:  # e.g. out of memory: the other targets still run
+            log(f"\n== {target.label}: build failed: {type(exc).__name__}: {str(exc)[:300]}")
+            out["targets"].append({"label": target.label, "error": f"{type(exc).__name__}: {exc}"[:500]})
+            torch.cuda.empty_cache()
+            continue
+        moe = shard.is_moe
         log(f"\n== {target.label}: {target.profile.model.name} tp={target.profile.tp} shard, "
             f"{dec.weight_bytes() / 1e9:.1f} GB of weights (built in {time.perf_counter() - t0:.1f} s)")
-        log(f"{'':46} {'whole step (ms)':>25} {'linear (ms)':>19} {'attention (ms)':>19} {'other (ms)':>17} {'model':>8}")
+        log(f"{'':46} {'whole step (ms)':>25} {'linear (ms)':>19} {'attention (ms)':>19} {'other (ms)':>17} {'model':>8}"
+            + (f" {'MoE blocks (ms)':>19}" if moe else ""))
         log(f"{'case':46} {'meas.':>9} {'model':>9} {'ratio':>5} {'meas.':>9} {'model':>9} {'meas.':>9} {'model':>9} "
-            f"{'meas.':>8} {'model':>8} {'step ms':>8}")
+            f"{'meas.':>8} {'model':>8} {'step ms':>8}" + (f" {'meas.':>9} {'model':>9}" if moe else ""))
         rows = []
         for case in cases:
             free, _ = torch.cuda.mem_get_info()
@@ -598,8 +1136,7 @@ def run(targets: list[Target], cases: list[Case], hf_check: bool, log: Callable[
             fig = model_figures(target.profile, case)
             samples: dict[str, list[float]] = {}
             try:
-                for label, parts in (("all", Decoder.PARTS), ("linear", frozenset({"linear"})),
-                                     ("attention", frozenset({"attention"}))):
+                for label, parts in timed_parts(shard):
                     with torch.inference_mode():
                         step = dec.make_step(case, parts)
                         samples[label] = _time_replays(torch, _graphed(torch, step), 0.5)
@@ -615,14 +1152,18 @@ def run(targets: list[Target], cases: list[Case], hf_check: bool, log: Callable[
             other = timed["all"] - timed["linear"] - timed["attention"]
             rows.append({"case": dataclasses.asdict(case), "measured_s": timed["all"], "min_s": min(samples["all"]),
                          "max_s": max(samples["all"]), "reps": len(samples["all"]), "linear_s": timed["linear"],
-                         "attention_s": timed["attention"], "other_s": other, "model": fig})
+                         "attention_s": timed["attention"], "other_s": other, "model": fig}
+                        | ({"moe_s": timed["moe"]} if moe else {}))
             log(f"{case.name:46} {timed['all'] * 1e3:9.2f} {fig['gpu_s'] * 1e3:9.2f} {fig['gpu_s'] / timed['all']:5.2f} "
                 f"{timed['linear'] * 1e3:9.2f} {fig['linear_s'] * 1e3:9.2f} {timed['attention'] * 1e3:9.2f} "
-                f"{fig['attention_s'] * 1e3:9.2f} {other * 1e3:8.2f} {fig['per_layer_s'] * 1e3:8.2f} {fig['step_s'] * 1e3:8.2f}")
+                f"{fig['attention_s'] * 1e3:9.2f} {other * 1e3:8.2f} {fig['per_layer_s'] * 1e3:8.2f} {fig['step_s'] * 1e3:8.2f}"
+                + (f" {timed['moe'] * 1e3:9.2f} {fig['moe_s'] * 1e3:9.2f}" if moe else ""))
         entry: dict[str, Any] = {"label": target.label, "profile": target.profile.name, "tp": target.profile.tp,
-                                 "shard": dataclasses.asdict(shard), "weight_bytes": dec.weight_bytes(),
-                                 "attention_paths": sorted(dec.attn_paths), "rows": rows}
-        if hf_check and target.profile.tp == 1:
+                                 "shard": shard.record(), "weight_bytes": dec.weight_bytes(),
+                                 "attention_paths": sorted(dec.attn_paths), "gemm_paths": sorted(dec.gemm_paths),
+                                 "rows": rows}
+        log("kernels: " + "; ".join(sorted(dec.attn_paths | dec.gemm_paths)))
+        if hf_check and target.profile.tp == 1 and not moe:
             try:
                 entry["hf_cross_check"] = hf_cross_check(
                     torch, target.profile.model, dec, [c for c in cases if c.prefill_tokens and not c.decode_seqs and not c.prefill_prior][1:3])
@@ -640,6 +1181,30 @@ def run(targets: list[Target], cases: list[Case], hf_check: bool, log: Callable[
     return out
 
 
+# Largest differences `--check` accepts: BF16 rounding of logits of order 1 (~1e-2), and of an MoE
+# block's output relative to its largest value (BF16 ~1e-2; FP8's 3-bit mantissa ~5e-2).
+CHECK_LIMITS = {"logits": 0.05, "bf16": 0.03, "fp8": 0.15}
+
+
+def run_checks(fused: bool = False, fp8: bool = True) -> int:
+    """`--check`: the dense layer against transformers' Qwen3, the MoE block (BF16, and FP8 where the
+    device runs it) against `naive_moe` and transformers' GLM-4 MoE. 0 when all are within limits."""
+    torch = _torch()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    diff = check_against_transformers(device, fused=fused)
+    print(f"max |logit difference| vs transformers' Qwen3 on {device}: {diff:.4f} (BF16 rounding is ~1e-2)")
+    ok = diff < CHECK_LIMITS["logits"]
+    for kind in ("bf16", "fp8") if fp8 and _fp8_refusal(torch, device) is None else ("bf16",):
+        res = check_moe(device, fp8=kind == "fp8")
+        hf = res["transformers"]
+        vs_hf = (f"{hf:.4f} vs transformers' Glm4MoeMoE" if hf is not None
+                 else f"transformers not compared ({res['transformers_error']})")
+        print(f"MoE block ({kind}, {'; '.join(res['gemm_paths'])}) on {device}, max difference / max output: "
+              f"{res['naive']:.4f} vs per-token reference, {vs_hf}")
+        ok = ok and res["naive"] < CHECK_LIMITS[kind] and (hf is None or hf < CHECK_LIMITS[kind])
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.engine.gpu_forward", description=__doc__.split("\n\n")[0])
     known = [t.label for t in default_targets()]
@@ -651,20 +1216,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attention", choices=("flash", "cudnn"), default="flash",
                     help="SDPA kernel family tried first: PyTorch's FlashAttention-2 / memory-efficient "
                          "kernels, or cuDNN's fused attention (Hopper-native)")
+    ap.add_argument("--no-fp8", action="store_true",
+                    help="run the FP8 profiles' GEMMs in BF16 (FP8 is used where the profile and GPU have it)")
     ap.add_argument("--out", default="", help="write the results as JSON here")
     ap.add_argument("--check", action="store_true",
-                    help="only compare the decoder's logits with transformers' on a small Qwen3 (CPU is enough)")
+                    help="only compare the decoder's logits with transformers' on a small Qwen3, and its MoE "
+                         "block with a plain per-token one and transformers' GLM-4 MoE (CPU is enough)")
+    ap.add_argument("--expert-gemms", action="store_true",
+                    help="only time one MoE layer's routed-expert GEMMs, grouped as the step runs them, next to "
+                         "dense GEMMs with the same FLOPs and the same weight bytes (MoE targets)")
     args = ap.parse_args(argv)
     if args.check:
-        device = "cuda" if _torch().cuda.is_available() else "cpu"
-        diff = check_against_transformers(device, fused=args.fused)
-        print(f"max |logit difference| vs transformers' Qwen3 on {device}: {diff:.4f} (BF16 rounding is ~1e-2)")
-        return 0 if diff < 0.05 else 1
+        return run_checks(fused=args.fused, fp8=not args.no_fp8)
     wanted = [s for s in args.targets.split(",") if s]
     unknown = sorted(set(wanted) - set(known))
     if unknown:
         ap.error(f"unknown targets {unknown}; known: {known}")
     targets = [t for t in default_targets() if t.label in wanted]
+    if args.expert_gemms:
+        found = [expert_gemms(t, print) for t in targets if t.shard.is_moe]
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(found, f, indent=1)
+        return 0
     filters = [f for f in args.cases.split(",") if f] or [""]
     cases = [c for c in default_cases() if any(f in c.name for f in filters)]
 
@@ -676,7 +1250,7 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1)
 
-    run(targets, cases, not args.no_hf_check, log, save, fused=args.fused, attention=args.attention)
+    run(targets, cases, not args.no_hf_check, log, save, fused=args.fused, attention=args.attention, fp8=not args.no_fp8)
     return 0
 
 
