@@ -151,7 +151,13 @@ class TaoConfig:
     ready pool session the plan leaves out may be admitted into the reservations of admitted ACTING
     sessions whose predicted tool outlasts its predicted turn (``TaoPolicy._lend``, ``lends``; the
     ``tao-lend`` lever); it gives them back when its request ends (the router core accepts such an
-    assignment, ``CoreConfig.lend``), with ``decode_model``'s decode step time."""
+    assignment, ``CoreConfig.lend``), with ``decode_model``'s decode step time; ``idle_reclaim``:
+    with ``ttl_turn``, the turn bound does not apply on a replica that runs no request
+    (``ReplicaState.running`` 0): there an ACTING session whose TTL has run out gives its
+    reservation to a ready session left out even when its tool is predicted back before that
+    session's turn would end. Its GPU would otherwise idle until the tool returns, while the ready
+    session waits for a room that, where a few long contexts fill a replica, no short tool ever
+    frees; the incumbent then waits at most one turn."""
 
     values: ValueConfig = FULL_VALUES
     placement: str = "dp"
@@ -174,6 +180,7 @@ class TaoConfig:
     overcommit_cap: float = 1.4
     lend: bool = False
     decode_model: DecodeStepFit = field(default_factory=DecodeStepFit)
+    idle_reclaim: bool = False
 
 
 TAO_PAPER = TaoConfig(spread=True)
@@ -194,13 +201,17 @@ three changes measured on the simulator grid:
 
 It holds an admitted session's KV reservation for as long as its tool runs."""
 
-TAO = replace(TAO_HOLD, ttl=True, ttl_turn=True)
-"""The shipped ``tao`` policy: ``TAO_HOLD`` plus the TTL reclaim bounded by the turn time (the
-``tao-ttl-turn`` lever until 2026-12-03; docs/benchmarks.md#the-reclaim-that-never-happened-plan-revalidation-fixed):
+TAO_TURN = replace(TAO_HOLD, ttl=True, ttl_turn=True)
+"""``tao-ttl-turn``, the shipped ``tao`` from 2026-12-03 to 2026-12-04: ``TAO_HOLD`` plus the TTL
+reclaim bounded by the turn time (docs/benchmarks.md#the-reclaim-that-never-happened-plan-revalidation-fixed):
 a ready pool session the DP leaves out may take the reservation of admitted ACTING sessions whose
 Continuum TTL has run out (``ttl_expired``) and whose tool is predicted to run longer than the
 shortest predicted turn (``turn_s``) of the ready sessions left out on their replica (``lends``);
 dropped incumbents are paused, fewest first, readiness still ranking first (``TaoPolicy._reclaim``)."""
+
+TAO = replace(TAO_TURN, idle_reclaim=True)
+"""The shipped ``tao`` policy: ``TAO_TURN``, whose turn bound does not apply on a replica that runs
+no request (``idle_reclaim``; docs/benchmarks.md#an-idle-replica-waives-the-turn-bound-2026-12-04)."""
 
 
 def ttl_s(session: SessionState, now_s: float, model: ContinuumConfig, queue_delay_s: float = 0.0) -> float:
@@ -509,6 +520,7 @@ class TaoPolicy:
             running, running_kv = running_load(snapshot, replicas, col)
             shortest_turn = [min((turn_s(by_id[ids[i]], int(values.credit[i, j]), running[j], running_kv[j], cfg)
                                   for i in left_out), default=0.0) for j in range(len(replicas))]
+            idle = [cfg.idle_reclaim and running[j] == 0 for j in range(len(replicas))]
 
         def usual(s: SessionState) -> bool:
             return (not (s.ready and cfg.values.use_readiness)
@@ -517,7 +529,7 @@ class TaoPolicy:
                     and (cfg.ttl_min_remaining_s <= 0.0 or s.tool_return_s is None
                          or s.tool_return_s - snapshot.now_s >= cfg.ttl_min_remaining_s)
                     and (not cfg.ttl_turn or s.tool_return_s is None or s.replica not in col
-                         or lends(s, snapshot.now_s, shortest_turn[col[s.replica]])))
+                         or idle[col[s.replica]] or lends(s, snapshot.now_s, shortest_turn[col[s.replica]])))
 
         def costly(s: SessionState) -> bool:
             return cfg.hold_cost and hold_outweighs_recompute(waited, s, cfg.ttl_model)

@@ -260,3 +260,26 @@ def test_a_reclaiming_plan_admits_no_more_than_its_own_pauses_make_room_for(seed
                         if by_id[p].replica == r.id and by_id[p].phase == "ACTING")
             taken = sum(by_id[a.session].footprint_tokens for a in plan.assignments if a.replica == r.id)
             assert taken <= max(0, r.capacity_tokens - r.used_tokens + freed), (name, r.id, plan)
+
+
+def test_an_idle_replica_waives_the_turn_bound() -> None:
+    # 1 s of tool left (its TTL has run out), less than the waiting session's ~2.9 s turn: the turn
+    # bound alone (``tao-ttl-turn``) keeps the reservation; ``tao`` takes it while r0 runs no
+    # request, and only then.
+    def snap(running: int, ready: bool = False) -> Snapshot:
+        base = _ttl_snapshot(101.0, 700, 102.0)
+        r0 = replace(base.replicas[0], running=running)
+        return replace(base, replicas=(r0,), sessions=(replace(base.sessions[0], ready=ready), base.sessions[1]))
+    assert make_policy("tao-ttl-turn").plan(snap(0)).pauses == ()
+    plan = make_policy("tao").plan(snap(0))
+    assert plan.pauses == ("tool",)
+    assert [(a.session, a.replica) for a in plan.assignments] == [("next", "r0")]
+    assert make_policy("tao").plan(snap(1)).pauses == ()  # busy: the turn bound holds
+    assert make_policy("tao").plan(snap(0, ready=True)).pauses == ()  # a ready incumbent stays
+
+
+def test_an_idle_replica_still_keeps_a_tool_whose_ttl_runs() -> None:
+    # 100k-token context (reload ~16.9 s), a 5 s tool 3 s in: its TTL (6.1 s) has not run out
+    base = _ttl_snapshot(103.0, 100_000, 105.0)
+    assert base.replicas[0].running == 0
+    assert make_policy("tao").plan(base).pauses == ()
