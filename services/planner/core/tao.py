@@ -152,8 +152,9 @@ class TaoConfig:
     sessions whose predicted tool outlasts its predicted turn (``TaoPolicy._lend``, ``lends``; the
     ``tao-lend`` lever); it gives them back when its request ends (the router core accepts such an
     assignment, ``CoreConfig.lend``), with ``decode_model``'s decode step time; ``idle_reclaim``:
-    with ``ttl_turn``, the turn bound does not apply on a replica that runs no request
-    (``ReplicaState.running`` 0): there an ACTING session whose TTL has run out gives its
+    with ``ttl_turn``, the turn bound does not apply on a replica where no admitted session runs
+    a request (read from the sessions' phases, the router's own state, not the replica's scraped
+    running count, which can be a scrape interval old): there an ACTING session whose TTL has run out gives its
     reservation to a ready session left out even when its tool is predicted back before that
     session's turn would end. Its GPU would otherwise idle until the tool returns, while the ready
     session waits for a room that, where a few long contexts fill a replica, no short tool ever
@@ -520,7 +521,10 @@ class TaoPolicy:
             running, running_kv = running_load(snapshot, replicas, col)
             shortest_turn = [min((turn_s(by_id[ids[i]], int(values.credit[i, j]), running[j], running_kv[j], cfg)
                                   for i in left_out), default=0.0) for j in range(len(replicas))]
-            idle = [cfg.idle_reclaim and running[j] == 0 for j in range(len(replicas))]
+            # idle: none of the sessions admitted there runs a request (the router's own, exact
+            # state; a replica's scraped running count can be a scrape interval old)
+            serving = {s.replica for s in snapshot.sessions if s.admitted and s.phase == "RUNNING"}
+            idle = [cfg.idle_reclaim and r.id not in serving for r in replicas]
 
         def usual(s: SessionState) -> bool:
             return (not (s.ready and cfg.values.use_readiness)

@@ -264,18 +264,23 @@ def test_a_reclaiming_plan_admits_no_more_than_its_own_pauses_make_room_for(seed
 
 def test_an_idle_replica_waives_the_turn_bound() -> None:
     # 1 s of tool left (its TTL has run out), less than the waiting session's ~2.9 s turn: the turn
-    # bound alone (``tao-ttl-turn``) keeps the reservation; ``tao`` takes it while r0 runs no
-    # request, and only then.
-    def snap(running: int, ready: bool = False) -> Snapshot:
+    # bound alone (``tao-ttl-turn``) keeps the reservation; ``tao`` takes it while no session
+    # admitted on r0 runs a request, and only then. Idle is the sessions' phases (the router's own
+    # state), not the replica's scraped running count, which can be stale.
+    def snap(busy: bool = False, ready: bool = False, scraped_running: int = 0) -> Snapshot:
         base = _ttl_snapshot(101.0, 700, 102.0)
-        r0 = replace(base.replicas[0], running=running)
-        return replace(base, replicas=(r0,), sessions=(replace(base.sessions[0], ready=ready), base.sessions[1]))
-    assert make_policy("tao-ttl-turn").plan(snap(0)).pauses == ()
-    plan = make_policy("tao").plan(snap(0))
+        r0 = replace(base.replicas[0], running=scraped_running, used_tokens=750 if busy else 700)
+        sessions = (replace(base.sessions[0], ready=ready), base.sessions[1])
+        if busy:
+            sessions += (S("runs", 50, phase="RUNNING", admitted=True, replica="r0", context_tokens=40),)
+        return replace(base, replicas=(r0,), sessions=sessions)
+    assert make_policy("tao-ttl-turn").plan(snap()).pauses == ()
+    plan = make_policy("tao").plan(snap())
     assert plan.pauses == ("tool",)
     assert [(a.session, a.replica) for a in plan.assignments] == [("next", "r0")]
-    assert make_policy("tao").plan(snap(1)).pauses == ()  # busy: the turn bound holds
-    assert make_policy("tao").plan(snap(0, ready=True)).pauses == ()  # a ready incumbent stays
+    assert make_policy("tao").plan(snap(scraped_running=3)).pauses == ("tool",)  # a stale scrape
+    assert make_policy("tao").plan(snap(busy=True)).pauses == ()  # busy: the turn bound holds
+    assert make_policy("tao").plan(snap(ready=True)).pauses == ()  # a ready incumbent stays
 
 
 def test_an_idle_replica_still_keeps_a_tool_whose_ttl_runs() -> None:
