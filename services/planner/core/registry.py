@@ -8,7 +8,7 @@ runs every registered name through the same invariants.
 
 | name             | gates | sees                                        | decides                                          | source |
 |------------------|-------|---------------------------------------------|--------------------------------------------------|--------|
-| tao              | yes   | decayed credit (h = 10 s), readiness, footprint, free capacity, compute load, predicted tool returns, context tokens, requests running per replica | as tao-hold, and a ready session left out may take the reservation of admitted ACTING sessions whose Continuum TTL has run out and whose tool is predicted to outlast the shortest predicted turn of the ready sessions left out on that replica, a bound waived while that replica runs no request (the DP drops the fewest) | this project (docs/algorithms.md#policies-tao-and-tao-paper) |
+| tao              | yes   | decayed credit (h = 10 s), readiness, footprint, free capacity, compute load, predicted tool returns, context tokens, requests running per replica | as tao-hold, and a ready session left out may take the reservation of admitted ACTING sessions whose Continuum TTL has run out and whose tool is predicted to outlast the shortest predicted turn of the ready sessions left out on that replica (the DP drops the fewest) | this project (docs/algorithms.md#policies-tao-and-tao-paper) |
 | tao-hold         | yes   | decayed credit (h = 10 s), readiness, footprint, free capacity, compute load | pauses by ascending value past 5 % over capacity; admission+placement by the DP on (Σr, Σk, Σf); ties spread by compute load; a tool's KV held while it runs (the shipped tao until 2026-12-03; the base of the tao-* levers below, whose "as tao" means as tao-hold) | this project |
 | tao-paper        | yes   | decayed credit (h = 10 s), readiness, footprint, free capacity | pauses by ascending value; admission+placement by the capacity-state DP (lexicographic Σk, Σr, Σf); ties spread by compute load | the TAO paper |
 | tao-no-decay     | yes   | as tao-paper, credit k = k0                  | as tao-paper                                     | TAO paper ablation |
@@ -24,7 +24,8 @@ runs every registered name through the same invariants.
 | tao-ttl          | yes   | as tao, plus predicted tool return times and context tokens | as tao-reclaim, but only from sessions whose Continuum TTL (d·ln(B/d), B = prefill reload) has run out | tao lever (Continuum's TTL inside TAO's objective, arXiv 2511.02230) |
 | tao-ttl-q        | yes   | as tao-ttl, plus the pool waits of the sessions it reclaimed | as tao-ttl, with Continuum's queueing term T·η in the TTL's benefit | tao lever (arXiv 2511.02230 §4.2) |
 | tao-ttl-long     | yes   | as tao-ttl                                   | as tao-ttl, only from tools predicted to run ≥ 10 s more | tao lever |
-| tao-ttl-turn     | yes   | as tao                                       | the shipped tao without its idle-replica waiver: the turn bound holds on every replica (the shipped tao 2026-12-03 … 04) | tao lever, shipped |
+| tao-ttl-turn     | yes   | as tao                                       | the same policy as tao (the lever's name before it was shipped) | tao lever, shipped |
+| tao-idle         | yes   | as tao, plus which sessions run a request per replica | as tao, and the turn bound is waived on a replica where no admitted session runs a request | tao lever (a GPU idle through short tools) |
 | tao-hold-cost    | yes   | as tao-reclaim, plus how long left-out sessions were held and context tokens | as tao-reclaim, and once a held session has waited the prefill time of an ACTING incumbent's context, that incumbent's reservation may be taken even if its tool is predicted back | tao lever (ski rental: hold vs recompute) |
 | tao-overcommit   | yes   | as tao                                       | as tao, and the router admits a pool session whose request was held as long as its prompt's prefill takes, over capacity (≤ 1.4×), into the reservations of sessions idle at least as long as their own prefill | tao lever (ski rental: hold vs recompute) |
 | tao-lend         | yes   | as tao, plus predicted tool return times, context tokens, requests running per replica | as tao, and a ready session left out may be admitted into the reservations of ACTING sessions whose tool is predicted to return after its turn (prefill of its uncached prompt + decode at the replica's step time) ends; it is paused first, so it gives them back when its request ends | tao lever (prediction-based lending) |
@@ -45,7 +46,7 @@ from services.planner.core.continuum import ContinuumPolicy
 from services.planner.core.fits import engine_fits
 from services.planner.core.policy import Policy
 from services.planner.core.routers import CacheAwarePolicy, LeastLoadedPolicy, RoundRobinPolicy
-from services.planner.core.tao import TAO, TAO_HOLD, TAO_PAPER, TAO_TURN, TaoPolicy
+from services.planner.core.tao import TAO, TAO_HOLD, TAO_IDLE, TAO_PAPER, TaoPolicy
 from services.planner.core.thunderagent import ThunderAgentPolicy
 from services.planner.core.values import ValueConfig
 
@@ -72,7 +73,8 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "tao-reclaim": lambda: TaoPolicy("tao-reclaim", replace(TAO_HOLD, reclaim=True)),
     "tao-ttl": lambda: TaoPolicy("tao-ttl", replace(TAO_HOLD, ttl=True)),
     "tao-ttl-long": lambda: TaoPolicy("tao-ttl-long", replace(TAO_HOLD, ttl=True, ttl_min_remaining_s=10.0)),
-    "tao-ttl-turn": lambda: TaoPolicy("tao-ttl-turn", TAO_TURN),  # the shipped ``tao`` 2026-12-03 … 04
+    "tao-ttl-turn": lambda: TaoPolicy("tao-ttl-turn", TAO),  # the lever that became ``tao`` (2026-12-03)
+    "tao-idle": lambda: TaoPolicy("tao-idle", TAO_IDLE),
     "tao-hold-cost": lambda: TaoPolicy("tao-hold-cost", replace(TAO_HOLD, reclaim=True, hold_cost=True)),
     "tao-overcommit": lambda: TaoPolicy("tao-overcommit", replace(TAO_HOLD, overcommit=True)),
     "tao-ttl-q": lambda: TaoPolicy("tao-ttl-q", replace(TAO_HOLD, ttl=True, ttl_queue=True)),

@@ -202,17 +202,18 @@ three changes measured on the simulator grid:
 
 It holds an admitted session's KV reservation for as long as its tool runs."""
 
-TAO_TURN = replace(TAO_HOLD, ttl=True, ttl_turn=True)
-"""``tao-ttl-turn``, the shipped ``tao`` from 2026-12-03 to 2026-12-04: ``TAO_HOLD`` plus the TTL
-reclaim bounded by the turn time (docs/benchmarks.md#the-reclaim-that-never-happened-plan-revalidation-fixed):
+TAO = replace(TAO_HOLD, ttl=True, ttl_turn=True)
+"""The shipped ``tao`` policy: ``TAO_HOLD`` plus the TTL reclaim bounded by the turn time (the
+``tao-ttl-turn`` lever until 2026-12-03; docs/benchmarks.md#the-reclaim-that-never-happened-plan-revalidation-fixed):
 a ready pool session the DP leaves out may take the reservation of admitted ACTING sessions whose
 Continuum TTL has run out (``ttl_expired``) and whose tool is predicted to run longer than the
 shortest predicted turn (``turn_s``) of the ready sessions left out on their replica (``lends``);
 dropped incumbents are paused, fewest first, readiness still ranking first (``TaoPolicy._reclaim``)."""
 
-TAO = replace(TAO_TURN, idle_reclaim=True)
-"""The shipped ``tao`` policy: ``TAO_TURN``, whose turn bound does not apply on a replica that runs
-no request (``idle_reclaim``; docs/benchmarks.md#an-idle-replica-waives-the-turn-bound-2026-12-04)."""
+TAO_IDLE = replace(TAO, idle_reclaim=True)
+"""``tao-idle``: ``TAO`` whose turn bound does not apply on a replica where no admitted session
+runs a request (``idle_reclaim``). Ahead of ``tao`` in the simulator on tight-KV traces, behind it
+live; not shipped (docs/benchmarks.md#an-idle-replica-waives-the-turn-bound-tao-idle-2026-12-04-not-shipped)."""
 
 
 def ttl_s(session: SessionState, now_s: float, model: ContinuumConfig, queue_delay_s: float = 0.0) -> float:

@@ -264,8 +264,8 @@ def test_a_reclaiming_plan_admits_no_more_than_its_own_pauses_make_room_for(seed
 
 def test_an_idle_replica_waives_the_turn_bound() -> None:
     # 1 s of tool left (its TTL has run out), less than the waiting session's ~2.9 s turn: the turn
-    # bound alone (``tao-ttl-turn``) keeps the reservation; ``tao`` takes it while no session
-    # admitted on r0 runs a request, and only then. Idle is the sessions' phases (the router's own
+    # bound (``tao``) keeps the reservation; ``tao-idle`` takes it while no session admitted on r0
+    # runs a request, and only then. Idle is the sessions' phases (the router's own
     # state), not the replica's scraped running count, which can be stale.
     def snap(busy: bool = False, ready: bool = False, scraped_running: int = 0) -> Snapshot:
         base = _ttl_snapshot(101.0, 700, 102.0)
@@ -274,17 +274,17 @@ def test_an_idle_replica_waives_the_turn_bound() -> None:
         if busy:
             sessions += (S("runs", 50, phase="RUNNING", admitted=True, replica="r0", context_tokens=40),)
         return replace(base, replicas=(r0,), sessions=sessions)
-    assert make_policy("tao-ttl-turn").plan(snap()).pauses == ()
-    plan = make_policy("tao").plan(snap())
+    assert make_policy("tao").plan(snap()).pauses == ()
+    plan = make_policy("tao-idle").plan(snap())
     assert plan.pauses == ("tool",)
     assert [(a.session, a.replica) for a in plan.assignments] == [("next", "r0")]
-    assert make_policy("tao").plan(snap(scraped_running=3)).pauses == ("tool",)  # a stale scrape
-    assert make_policy("tao").plan(snap(busy=True)).pauses == ()  # busy: the turn bound holds
-    assert make_policy("tao").plan(snap(ready=True)).pauses == ()  # a ready incumbent stays
+    assert make_policy("tao-idle").plan(snap(scraped_running=3)).pauses == ("tool",)  # a stale scrape
+    assert make_policy("tao-idle").plan(snap(busy=True)).pauses == ()  # busy: the turn bound holds
+    assert make_policy("tao-idle").plan(snap(ready=True)).pauses == ()  # a ready incumbent stays
 
 
 def test_an_idle_replica_still_keeps_a_tool_whose_ttl_runs() -> None:
     # 100k-token context (reload ~16.9 s), a 5 s tool 3 s in: its TTL (6.1 s) has not run out
     base = _ttl_snapshot(103.0, 100_000, 105.0)
     assert base.replicas[0].running == 0
-    assert make_policy("tao").plan(base).pauses == ()
+    assert make_policy("tao-idle").plan(base).pauses == ()
