@@ -308,6 +308,16 @@ class Fp8Weight:
     scale: Any
     scale_out: Any
 
+    @property
+    def shape(self) -> Any:
+        return self.q.shape
+
+    def experts(self, first: int, last: int) -> Fp8Weight:
+        """Experts ``first`` to ``last`` − 1 of a [E, out, in] weight, side by side as one
+        [n·out, in] weight (views: the same bytes)."""
+        return Fp8Weight(self.q[first:last].reshape(-1, self.q.shape[-1]), self.scale,
+                         self.scale_out[first:last].reshape(-1))
+
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
@@ -424,49 +434,51 @@ class Decoder:
     def _mm(self, x: Any, w: Any) -> Any:
         """``x @ w.T`` for a linear layer's weight [out, in]: BF16, or FP8 with the activation
         quantised per tensor on the fly."""
+        return self._gemm(*self._quantised(x, w), w)
+
+    def _quantised(self, x: Any, w: Any) -> tuple[Any, Any]:
+        """The activation as a GEMM with ``w`` takes it: with its per-tensor FP8 scale for an FP8
+        weight, else as it is (no scale)."""
+        return _quantize_act(self.torch, x) if isinstance(w, Fp8Weight) else (x, None)
+
+    def _gemm(self, xq: Any, xs: Any, w: Any) -> Any:
+        """``xq @ w.T`` on an activation already in ``w``'s form (`_quantised`)."""
         if not isinstance(w, Fp8Weight):
-            return x @ w.t()
-        xq, xs = _quantize_act(self.torch, x)
+            return xq @ w.t()
         return self.torch._scaled_mm(xq, w.q.t(), scale_a=xs, scale_b=w.scale, out_dtype=self.torch.bfloat16)
+
+    def _grouped_gemm(self, xq: Any, xs: Any, w: Any, d: Dispatch) -> Any:
+        """Every expert's GEMM on its rows of ``xq`` (already in ``w``'s form) as one grouped GEMM."""
+        torch = self.torch
+        if not isinstance(w, Fp8Weight):
+            return torch._grouped_mm(xq, w.transpose(1, 2), offs=d.offs)
+        return torch._scaled_grouped_mm(xq, w.q.transpose(1, 2), xs.expand(xq.shape[0]).contiguous(), w.scale_out,
+                                        offs=d.offs, out_dtype=torch.bfloat16)
 
     def _experts_mm(self, key: str, x: Any, w: Any, d: Dispatch) -> Any:
         """Every expert's GEMM on its rows of ``x`` (grouped by expert as ``d`` says) with its
         weight in ``w`` [E, out, in]: one grouped GEMM where the kernels take it, else one GEMM
         per expert that has rows; the first that runs is kept, as for attention."""
-        torch = self.torch
+        fp8 = isinstance(w, Fp8Weight)
+        grouped = "_scaled_grouped_mm" if fp8 else "_grouped_mm"
         attempts: list[tuple[str, Callable[[], Any]]] = []
-        if isinstance(w, Fp8Weight):
-            if hasattr(torch, "_scaled_grouped_mm"):
-                attempts.append(("FP8 torch._scaled_grouped_mm", functools.partial(self._grouped_fp8, x, w, d)))
-            attempts.append(("FP8 torch._scaled_mm per expert", functools.partial(self._per_expert, x, w, d)))
-        else:
-            if hasattr(torch, "_grouped_mm"):
-                attempts.append(("BF16 torch._grouped_mm", functools.partial(self._grouped_bf16, x, w, d)))
-            attempts.append(("BF16 matmul per expert", functools.partial(self._per_expert, x, w, d)))
+        if hasattr(self.torch, grouped):
+            attempts.append((f"{'FP8' if fp8 else 'BF16'} torch.{grouped}",
+                             lambda: self._grouped_gemm(*self._quantised(x, w), w, d)))
+        attempts.append(("FP8 torch._scaled_mm per expert" if fp8 else "BF16 matmul per expert",
+                         functools.partial(self._per_expert, x, w, d)))
         return self._first_that_runs(f"experts {key}", attempts, self.gemm_paths)
-
-    def _grouped_bf16(self, x: Any, w: Any, d: Dispatch) -> Any:
-        return self.torch._grouped_mm(x, w.transpose(1, 2), offs=d.offs)
-
-    def _grouped_fp8(self, x: Any, w: Fp8Weight, d: Dispatch) -> Any:
-        torch = self.torch
-        xq, xs = _quantize_act(torch, x)
-        return torch._scaled_grouped_mm(xq, w.q.transpose(1, 2), xs.expand(x.shape[0]).contiguous(), w.scale_out,
-                                        offs=d.offs, out_dtype=torch.bfloat16)
 
     def _per_expert(self, x: Any, w: Any, d: Dispatch) -> Any:
         """One GEMM per expert with rows (group sizes known on the host: capture-safe, slow)."""
-        torch = self.torch
-        fp8 = isinstance(w, Fp8Weight)
-        xq, xs = _quantize_act(torch, x) if fp8 else (x, None)
+        xq, xs = self._quantised(x, w)
         outs, start = [], 0
         for e, n in enumerate(d.counts):
             if n:
-                rows = xq[start: start + n]
-                outs.append(torch._scaled_mm(rows, w.q[e].t(), scale_a=xs, scale_b=w.scale, out_dtype=torch.bfloat16)
-                            if fp8 else rows @ w[e].t())
+                we = w.experts(e, e + 1) if isinstance(w, Fp8Weight) else w[e]
+                outs.append(self._gemm(xq[start: start + n], xs, we))
             start += n
-        return torch.cat(outs, 0)
+        return self.torch.cat(outs, 0)
 
     # -- attention ---------------------------------------------------------------------------
 
@@ -1050,30 +1062,16 @@ def expert_gemms(target: Target, log: Callable[[str], None], tokens: Sequence[in
     def dense(m: int, w: Any) -> Callable[[], Any]:
         """The GEMM alone of ``m`` rows against the [out, in] weight ``w`` (FP8: the activation
         quantised beforehand, as a fused MoE kernel receives it)."""
-        if not isinstance(w, Fp8Weight):
-            return functools.partial(torch.matmul, torch.randn(rows16(m), w.shape[-1], device=device,
-                                                               dtype=torch.bfloat16), w.t())
-        xq, xs_ = _quantize_act(torch, torch.randn(rows16(m), w.q.shape[-1], device=device, dtype=torch.bfloat16))
-        return functools.partial(torch._scaled_mm, xq, w.q.t(), scale_a=xs_, scale_b=w.scale,
-                                 out_dtype=torch.bfloat16)
+        x = torch.randn(rows16(m), w.shape[-1], device=device, dtype=torch.bfloat16)
+        return functools.partial(dec._gemm, *dec._quantised(x, w), w)
 
     def grouped(x: Any, w: Any, d: Dispatch) -> Callable[[], Any]:
         """The grouped GEMM alone (FP8: on an activation quantised beforehand)."""
-        if not isinstance(w, Fp8Weight):
-            return functools.partial(dec._experts_mm, "gemm", x, w, d)
-        xq, xs_ = _quantize_act(torch, x)
-        return functools.partial(torch._scaled_grouped_mm, xq, w.q.transpose(1, 2), xs_.expand(x.shape[0]).contiguous(),
-                                 w.scale_out, offs=d.offs, out_dtype=torch.bfloat16)
+        return functools.partial(dec._grouped_gemm, *dec._quantised(x, w), w, d)
 
     def side_by_side(w: Any, n: int) -> Any:
         """The first ``n`` experts' weights [n, out, in] as one [n·out, in] weight (same bytes)."""
-        if isinstance(w, Fp8Weight):
-            q = w.q[:n].reshape(-1, w.q.shape[-1])
-            return Fp8Weight(q, w.scale, w.scale.expand(q.shape[0]).contiguous())
-        return w[:n].reshape(-1, w.shape[-1])
-
-    def first(w: Any) -> Any:
-        return side_by_side(w, 1)
+        return w.experts(0, n) if isinstance(w, Fp8Weight) else w[:n].reshape(-1, w.shape[-1])
 
     for t in tokens:
         d = dec.dispatch(uniform_assignment(t, e, k))
@@ -1085,7 +1083,7 @@ def expert_gemms(target: Target, log: Callable[[str], None], tokens: Sequence[in
                "grouped_down_s": timed(functools.partial(dec._experts_mm, "down", acts, down, d)),
                "quantise_s": timed(functools.partial(_quantize_act, torch, xs)) if dec.fp8 else 0.0,
                "grouped_gemms_s": timed(grouped(xs, gate_up, d)) + timed(grouped(acts, down, d)),
-               "dense_flops_s": timed(dense(t * k, first(gate_up))) + timed(dense(t * k, first(down))),
+               "dense_flops_s": timed(dense(t * k, side_by_side(gate_up, 1))) + timed(dense(t * k, side_by_side(down, 1))),
                "dense_bytes_s": timed(dense(t, side_by_side(gate_up, n))) + timed(dense(t, side_by_side(down, n)))}
         rows_out.append(row)
         log(f"{t:7d} {n:7d} {row['grouped_gate_up_s'] * 1e6:15.1f} {row['grouped_down_s'] * 1e6:12.1f} "
