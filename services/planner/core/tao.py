@@ -518,14 +518,15 @@ class TaoPolicy:
                       if (w := by_id[ids[i]].waiting_since_s) is not None), default=0.0)
 
         shortest_turn: list[float] = []
+        idle: list[bool] = []
         if cfg.ttl_turn:
             running, running_kv = running_load(snapshot, replicas, col)
             shortest_turn = [min((turn_s(by_id[ids[i]], int(values.credit[i, j]), running[j], running_kv[j], cfg)
                                   for i in left_out), default=0.0) for j in range(len(replicas))]
-            # idle: none of the sessions admitted there runs a request (the router's own, exact
-            # state; a replica's scraped running count can be a scrape interval old)
-            serving = {s.replica for s in snapshot.sessions if s.admitted and s.phase == "RUNNING"}
-            idle = [cfg.idle_reclaim and r.id not in serving for r in replicas]
+            # idle: no session admitted there runs a request (``running_kv`` sums their footprints:
+            # the router's own, exact state; a replica's scraped running count can be a scrape
+            # interval old)
+            idle = [cfg.idle_reclaim and kv == 0 for kv in running_kv]
 
         def usual(s: SessionState) -> bool:
             return (not (s.ready and cfg.values.use_readiness)
