@@ -255,6 +255,31 @@ async def _drive(url: str, sessions: list[TraceSession], replicas: list[str], ar
     return await measure(TraceDriver(config, tools), sessions, replicas)
 
 
+def router_plan_metrics(router_url: str) -> dict[str, Any]:
+    """The TAO router's plan figures after a run: how old plans are when applied (model seconds,
+    ``tao_router_plan_age_seconds``: p50 / p90 read off the histogram's buckets as the bucket
+    holding that rank) and their parts by outcome (``tao_router_plan_parts_total``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(router_url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    buckets: list[tuple[float, float]] = []
+    parts: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "tao_router_plan_age_seconds_bucket":
+                buckets.append((float(sample.labels["le"]), sample.value))
+            elif sample.name == "tao_router_plan_parts_total":
+                parts[sample.labels["outcome"]] = int(sample.value)
+    buckets.sort()
+    total = buckets[-1][1] if buckets else 0.0
+
+    def upper(q: float) -> float | None:
+        return next((le for le, n in buckets if n >= q * total), None) if total else None
+
+    return {"plans": int(total), "age_p50_le_s": upper(0.5), "age_p90_le_s": upper(0.9), "parts": parts}
+
+
 def run_one(system: System, sessions: list[TraceSession], args: argparse.Namespace, bin_dir: str,
             log_dir: Path) -> dict[str, Any]:
     """One run of ``system`` on fresh replicas; the driver's metrics (RuntimeError when it
@@ -271,6 +296,7 @@ def run_one(system: System, sessions: list[TraceSession], args: argparse.Namespa
             addrs = stack.start()
             tools = ReporterToolEvents(addrs.predictor, time_scale=args.time_scale)
             metrics = asyncio.run(_drive(addrs.router_url, sessions, addrs.replicas, args, tools, "x-tao-tenant"))
+            metrics["router_plans"] = router_plan_metrics(addrs.router_url)
             dead = stack.failed()
             if dead:
                 raise RuntimeError(f"a process died during the run: {dead}")
@@ -366,6 +392,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'n/a' if busy is None else f'{busy:.1f}'} tok/s  hit {m['prefix_hit_rate']:.1%}  "
                   f"preempt {m['preemptions']}  errors {m['errors']}  [{time.monotonic() - t1:.0f} s wall]",
                   flush=True)
+            plans = m.get("router_plans")
+            if plans:
+                print(f"          plans {plans['plans']}, age p50 ≤ {plans['age_p50_le_s']} s, p90 ≤ "
+                      f"{plans['age_p90_le_s']} s (model); parts {plans['parts']}", flush=True)
     rows = table_rows(runs, failures | skipped)
     table = markdown_table(rows)
     print()

@@ -86,6 +86,16 @@ class RouterMetrics:
                                          ["replica"], registry=registry)
         self.plans = Counter("tao_router_plans_applied", "Plans applied, by source.", ["source"],
                              registry=registry)
+        self.plan_age = Histogram(
+            "tao_router_plan_age_seconds",
+            "Planner plans: router-clock seconds (model seconds under a time scale) from the snapshot a "
+            "plan was computed on to its application here; what plan revalidation has to absorb.",
+            buckets=LATENCY_BUCKETS, registry=registry)
+        self.plan_parts = Counter(
+            "tao_router_plan_parts",
+            "Planner plans' assignments and pauses by outcome once revalidated: admitted, paused, "
+            "pause_deferred (marked RUNNING), pause_dropped_{not_needed,marked,resumed}, rejected.",
+            ["outcome"], registry=registry)
         registry.register(_StateCollector(runtime))
         self._request_children: dict[tuple[str, int], Counter] = {}
 

@@ -45,6 +45,7 @@ from services.planner.core.registry import make_policy
 from services.router.core.breaker import Breaker
 from services.router.core.hold import PLAN, hold_kind
 from services.router.core.model import CoreConfig, Grant, NewRequest, PlanDecision, Usage
+from services.router.core.plans import outcome_counts
 from services.router.core.readiness import PredictionView, is_ready
 from services.router.core.snapshot import build_snapshot
 from services.router.core.state import RouterCore, SessionBusy, UnknownSession, admission_hooks
@@ -415,8 +416,12 @@ class RouterRuntime:
             assignments=tuple((a.session, a.replica) for a in rec.assignments), pauses=tuple(rec.pauses),
             snapshot_at_s=self.from_unix(rec.snapshot_at_unix_s), source=f"planner rev {rec.rev}",
         )
-        report = self.core.apply_plan(self.now(), decision)
+        now = self.now()
+        report = self.core.apply_plan(now, decision)
         self.metrics.plans.labels("planner").inc()
+        self.metrics.plan_age.observe(max(0.0, now - decision.snapshot_at_s))
+        for outcome, n in outcome_counts(report).items():
+            self.metrics.plan_parts.labels(outcome).inc(n)
         if report.admitted or report.paused or report.pause_deferred:
             self.store.wake()
             self.pump()

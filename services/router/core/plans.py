@@ -9,7 +9,14 @@ applied only if it still holds against live state:
   are subtracted — those paused earlier in this plan and RUNNING ones already marked
   (``pause_pending``) — and the footprints of this plan's assignments there that still hold
   are added: a pause that makes room for the plan's own admission (a reclaim: ``tao-ttl``,
-  ``tao-reclaim``) is as needed as one that ends an excess. The planner's snapshot does not
+  ``tao-reclaim``, ``tao-idle``) is as needed as one that ends an excess — while its session is
+  still between requests. A reclaim takes the reservation of a session whose tool runs; if that
+  session has sent its next request since (it holds one now), its replica would be over
+  capacity only through the plan's own assignments, and the pause is dropped (those
+  assignments then find no room): it would otherwise pause a session that is decoding again, at
+  its request's end, for an admission that cannot happen before then. A live plan arrives
+  0.5–2 model seconds after the state it read (the write-behind flush, the planner's round,
+  the publish), longer than most agent tools (p50 0.75 s on terminal-bench). The planner's snapshot does not
   say which RUNNING sessions are marked, so a policy re-planning while a marked request
   still runs asks again for the same excess;
   upstream ThunderAgent avoids the same double count with its ``future_paused_tokens``.
@@ -39,7 +46,22 @@ if TYPE_CHECKING:
 #: why a plan's pause is dropped by revalidation (the pause is no longer needed, not refused)
 PAUSE_ALREADY_MARKED = "pause: already marked"
 PAUSE_NOT_NEEDED = "pause: replica no longer over capacity"
-PAUSE_DROPPED = frozenset({PAUSE_ALREADY_MARKED, PAUSE_NOT_NEEDED})
+PAUSE_RESUMED = "pause: session resumed, its reservation is no longer free to reclaim"
+PAUSE_DROPPED = frozenset({PAUSE_ALREADY_MARKED, PAUSE_NOT_NEEDED, PAUSE_RESUMED})
+#: ``outcome`` label of ``tao_router_plan_parts_total`` per dropped pause's reason
+PAUSE_DROP_OUTCOME = {PAUSE_ALREADY_MARKED: "pause_dropped_marked", PAUSE_NOT_NEEDED: "pause_dropped_not_needed",
+                      PAUSE_RESUMED: "pause_dropped_resumed"}
+
+
+def outcome_counts(report: ApplyReport) -> dict[str, int]:
+    """A plan's parts by outcome: admitted, paused, pause_deferred, a dropped pause's
+    ``PAUSE_DROP_OUTCOME``, rejected (an assignment, or a pause refused for another reason)."""
+    counts = {"admitted": len(report.admitted), "paused": len(report.paused),
+              "pause_deferred": len(report.pause_deferred)}
+    for _, why in report.rejected:
+        key = PAUSE_DROP_OUTCOME.get(why, "rejected")
+        counts[key] = counts.get(key, 0) + 1
+    return {k: n for k, n in counts.items() if n}
 
 
 def apply_plan(core: RouterCore, now_s: float, plan: PlanDecision) -> ApplyReport:
@@ -50,7 +72,10 @@ def apply_plan(core: RouterCore, now_s: float, plan: PlanDecision) -> ApplyRepor
     paused: list[str] = []
     deferred: list[str] = []
     admitted: list[tuple[str, str]] = []
-    excess = _excess(core, plan) if core.config.pause_revalidation and plan.pauses else None
+    excess = base = None
+    if core.config.pause_revalidation and plan.pauses:
+        base = _excess(core)
+        excess = _with_assignments(core, plan, base)
     for sid in plan.pauses:
         s = core.sessions.get(sid)
         if s is None or not s.admitted:
@@ -62,11 +87,15 @@ def apply_plan(core: RouterCore, now_s: float, plan: PlanDecision) -> ApplyRepor
         if s.pause_pending:
             rejected.append((sid, PAUSE_ALREADY_MARKED))
             continue
-        if excess is not None and s.replica is not None:
+        if excess is not None and base is not None and s.replica is not None:
             if excess.get(s.replica, 0) <= 0:
                 rejected.append((sid, PAUSE_NOT_NEEDED))
                 continue
+            if not s.idle and base.get(s.replica, 0) <= 0:
+                rejected.append((sid, PAUSE_RESUMED))
+                continue
             excess[s.replica] -= s.footprint_tokens
+            base[s.replica] -= s.footprint_tokens
         if s.in_flight > 0:
             core._put(replace(s, pause_pending=True))
             deferred.append(sid)
@@ -88,13 +117,18 @@ def apply_plan(core: RouterCore, now_s: float, plan: PlanDecision) -> ApplyRepor
     return ApplyReport(tuple(admitted), tuple(paused), tuple(deferred), tuple(rejected))
 
 
-def _excess(core: RouterCore, plan: PlanDecision) -> dict[str, int]:
-    """Tokens per replica above capacity once the plan's assignments that still hold (all but
-    room) are placed, counting marked RUNNING sessions as already gone."""
+def _excess(core: RouterCore) -> dict[str, int]:
+    """Tokens per replica above capacity, counting marked RUNNING sessions as already gone."""
     excess = {rid: core.used.get(rid, 0) - core.capacity(rid) for rid in core.replicas}
     for s in core.sessions.values():
         if s.admitted and s.pause_pending and s.replica in excess:
             excess[s.replica] -= s.footprint_tokens
+    return excess
+
+
+def _with_assignments(core: RouterCore, plan: PlanDecision, base: dict[str, int]) -> dict[str, int]:
+    """``base`` plus the footprints of the plan's assignments that still hold (all but room)."""
+    excess = dict(base)
     for sid, rid in plan.assignments:
         if rid in excess and _check_assignment(core, sid, rid, plan.snapshot_at_s, room=False) is None:
             excess[rid] += core.sessions[sid].footprint_tokens

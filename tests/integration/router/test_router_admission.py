@@ -80,6 +80,12 @@ async def test_plans_are_fenced_by_epoch_and_revision(redis_url: str, sims: list
             stub = router_pb2_grpc.RouterAdminServiceStub(channel)
             explained = await stub.ExplainSession(router_pb2.ExplainSessionRequest(session_id="s2"))
         assert explained.applied_plan.epoch == "planner-B" and explained.applied_plan.revision == 1
+        # the three applied plans (not the two fenced off) in the plan metrics
+        async with http.get(router.url + "/metrics") as resp:
+            text = await resp.text()
+        assert "tao_router_plan_age_seconds_count 3.0" in text
+        assert 'tao_router_plan_parts_total{outcome="admitted"} 2.0' in text
+        assert 'outcome="rejected"' not in text
 
 
 async def test_a_request_the_plan_holds_outlasts_the_hold_timeout_up_to_its_bound(

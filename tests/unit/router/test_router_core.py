@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from services.planner.core.registry import make_policy
 from services.router.core.model import CoreConfig, NewRequest, PlanDecision, Replica, Usage
+from services.router.core.plans import outcome_counts
 from services.router.core.snapshot import build_snapshot
 from services.router.core.state import RouterCore, SessionBusy, SessionConflict, UnknownSession
 
@@ -236,6 +237,38 @@ def test_pause_revalidation_keeps_a_pause_that_makes_room_for_the_plans_own_admi
     stale = core.apply_plan(3.0, PlanDecision((("c", "r0"),), ("c",), 3.0, "t"))
     assert stale.paused == () and ("c", "pause: replica no longer over capacity") in stale.rejected
     assert core.sessions["c"].admitted
+    check_invariants(core)
+
+
+def test_a_reclaim_pause_of_a_session_that_resumed_since_the_snapshot_is_dropped() -> None:
+    """The plan read ``a`` between requests (its tool running) and reclaims its reservation for
+    ``c``; by the time the plan arrives ``a`` has sent its next request. Marking ``a`` would pause
+    a session that decodes again, at its request's end, for an admission that finds no room
+    before then: the pause is dropped, and so is the admission. A pause that ends a real excess
+    is still kept for a session holding a request (it is marked)."""
+    core = make(replicas=0)
+    core.upsert_replica(rep("r0", kv=2000), 0.0)  # capacity 1900
+    core.arrive(0.0, req("qa", "a", prompt=800, max_tokens=100))
+    admit(core, "a", "r0", 0.0)
+    core.dispatch(0.0)
+    core.finish(1.0, "qa", Usage(800, 100))  # a: ACTING with 1000 of 1900 (the plan's snapshot)
+    core.arrive(2.0, req("qc", "c", prompt=1200, max_tokens=100))  # c needs 1300 > 900 free
+    assert core.arrive(2.1, req("qa2", "a", prompt=1000, max_tokens=100)) is not None  # a resumes
+    report = core.apply_plan(2.2, PlanDecision((("c", "r0"),), ("a",), 2.0, "t"))
+    assert report.paused == () and report.pause_deferred == () and report.admitted == ()
+    assert ("a", "pause: session resumed, its reservation is no longer free to reclaim") in report.rejected
+    assert "no room on r0" in dict(report.rejected)["c"]
+    assert outcome_counts(report) == {"pause_dropped_resumed": 1, "rejected": 1}  # tao_router_plan_parts
+    a = core.sessions["a"]
+    assert a.admitted and not a.pause_pending and core.phase(a) == "RUNNING"
+    core.finish(3.0, "qa2", Usage(1000, 100))
+    assert core.sessions["a"].admitted  # it stays admitted at its request's end
+    # the same session holding a request on a replica over capacity by itself is marked
+    core.arrive(4.0, req("qa3", "a", prompt=1200, max_tokens=100))
+    core.dispatch(4.0)
+    core.upsert_replica(rep("r0", kv=1000), 4.5)  # capacity 950 < a's 1300
+    report = core.apply_plan(5.0, PlanDecision((("c", "r0"),), ("a",), 3.5, "t"))
+    assert report.pause_deferred == ("a",) and core.sessions["a"].pause_pending
     check_invariants(core)
 
 
