@@ -48,7 +48,7 @@ from services.router.core.model import CoreConfig, Grant, NewRequest, PlanDecisi
 from services.router.core.plans import outcome_counts
 from services.router.core.readiness import PredictionView, is_ready
 from services.router.core.snapshot import build_snapshot
-from services.router.core.state import RouterCore, SessionBusy, UnknownSession, admission_hooks
+from services.router.core.state import RouterCore, SessionBusy, UnknownSession, admission_hooks, policy_flags
 from services.router.core.tools import ToolCall
 from services.router.feeds import FencedFeed
 from services.router.fleet import RouterFleet
@@ -96,9 +96,7 @@ class RouterRuntime:
             CoreConfig(
                 target_utilisation=settings.target_utilisation, ewma_alpha=settings.ewma_alpha,
                 default_output_tokens=settings.default_output_tokens, session_ttl_s=settings.session_ttl_s,
-                gating=self.policy.gates_admission, sticky=self.policy.sticky, max_attempts=settings.max_attempts,
-                fast_admit=bool(getattr(self.policy, "fast_admit", False)),
-                lend=bool(getattr(self.policy, "lend", False)),
+                max_attempts=settings.max_attempts, **policy_flags(self.policy),
             ),
             policy=self.policy,
             **admission_hooks(self.policy),

@@ -61,8 +61,11 @@ HOLDS_REQUEST = frozenset({"RUNNING", "WAITING"})  # admitted sessions whose req
 class Policy(Protocol):
     """The planner core API (docs/architecture.md#planner-core-api): ``plan`` is a function of the snapshot and the policy's own history.
 
-    Optional attribute ``fast_admit`` (default False): the router core may admit a pool
-    session itself when nothing contends (``CoreConfig.fast_admit``)."""
+    Optional attributes (default False), read by ``services.router.core.state.policy_flags``:
+    ``fast_admit``, the router core may admit a pool session itself when nothing contends
+    (``CoreConfig.fast_admit``); ``lend`` (``CoreConfig.lend``); ``reclaims_between_requests``,
+    a pause made only to room the plan's own assignments is void once its session runs again
+    (``CoreConfig.drop_resumed_reclaims``)."""
 
     name: str
     gates_admission: bool

@@ -50,6 +50,12 @@ class CoreConfig:
     #: assigned session's turn, and pauses the borrower first once the replica is over capacity,
     #: so it gives the tokens back when its request ends). Set from the policy's ``lend``.
     lend: bool = False
+    #: gating only: with ``pause_revalidation``, a plan's pause that its replica needs only for the
+    #: plan's own assignments is dropped once its session holds a request again (a ``tao``
+    #: reclaim takes the reservation of a session between requests). Policies whose pauses hold
+    #: whatever the session does next (Continuum's TTL expiry unpins) leave it False. Set from
+    #: the policy's ``reclaims_between_requests``.
+    drop_resumed_reclaims: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.target_utilisation <= 1.0:

@@ -14,7 +14,9 @@ applied only if it still holds against live state:
   session has sent its next request since (it holds one now), its replica would be over
   capacity only through the plan's own assignments, and the pause is dropped (those
   assignments then find no room): it would otherwise pause a session that is decoding again, at
-  its request's end, for an admission that cannot happen before then. A live plan arrives
+  its request's end, for an admission that cannot happen before then (``drop_resumed_reclaims``,
+  set by the ``tao`` policies; Continuum's TTL expiry unpins whatever the session does next,
+  as its engine does). A live plan arrives
   0.5–2 model seconds after the state it read (the write-behind flush, the planner's round,
   the publish), longer than most agent tools (p50 0.75 s on terminal-bench). The planner's snapshot does not
   say which RUNNING sessions are marked, so a policy re-planning while a marked request
@@ -91,7 +93,7 @@ def apply_plan(core: RouterCore, now_s: float, plan: PlanDecision) -> ApplyRepor
             if excess.get(s.replica, 0) <= 0:
                 rejected.append((sid, PAUSE_NOT_NEEDED))
                 continue
-            if not s.idle and base.get(s.replica, 0) <= 0:
+            if core.config.drop_resumed_reclaims and not s.idle and base.get(s.replica, 0) <= 0:
                 rejected.append((sid, PAUSE_RESUMED))
                 continue
             excess[s.replica] -= s.footprint_tokens

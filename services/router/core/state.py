@@ -66,6 +66,26 @@ def admission_hooks(policy: Policy) -> AdmissionHooks:
     )
 
 
+class PolicyFlags(TypedDict):
+    gating: bool
+    sticky: bool
+    fast_admit: bool
+    lend: bool
+    drop_resumed_reclaims: bool
+
+
+def policy_flags(policy: Policy) -> PolicyFlags:
+    """The ``CoreConfig`` fields a policy decides, for ``CoreConfig(..., **policy_flags(policy))``
+    (the router's runtime and the simulator build the core alike): gating and stickiness, and
+    the optional attributes ``fast_admit``, ``lend`` and ``reclaims_between_requests`` (default
+    False; the last sets ``drop_resumed_reclaims``)."""
+    return PolicyFlags(
+        gating=bool(policy.gates_admission), sticky=bool(policy.sticky),
+        fast_admit=bool(getattr(policy, "fast_admit", False)), lend=bool(getattr(policy, "lend", False)),
+        drop_resumed_reclaims=bool(getattr(policy, "reclaims_between_requests", False)),
+    )
+
+
 class SessionConflict(ValueError):
     """The session id belongs to another tenant."""
 

@@ -46,7 +46,7 @@ from services.predictor.core.config import ExplorationConfig
 from services.router.core.model import CoreConfig, NewRequest, PlanDecision, Replica, Usage
 from services.router.core.plans import PAUSE_DROPPED
 from services.router.core.snapshot import build_snapshot
-from services.router.core.state import RouterCore, admission_hooks
+from services.router.core.state import RouterCore, admission_hooks, policy_flags
 from services.sim.cluster.kv_events import with_kv_events
 from services.sim.cluster.metrics import RequestRecord, SessionOutcome
 from services.sim.cluster.state import SimSession
@@ -170,10 +170,8 @@ class ClusterSim:
         if profile is None:
             profile = get_profile(config.profile)
         self.core = RouterCore(
-            CoreConfig(target_utilisation=config.utilisation_target, gating=self.gating,
-                       sticky=bool(policy.sticky), pause_revalidation=config.pause_revalidation,
-                       fast_admit=bool(getattr(policy, "fast_admit", False)),
-                       lend=bool(getattr(policy, "lend", False))),
+            CoreConfig(target_utilisation=config.utilisation_target, pause_revalidation=config.pause_revalidation,
+                       **policy_flags(policy)),
             None if self.gating else self.policy,
             **admission_hooks(policy),
         )

@@ -10,7 +10,7 @@ from services.planner.core.registry import make_policy
 from services.router.core.model import CoreConfig, NewRequest, PlanDecision, Replica, Usage
 from services.router.core.plans import outcome_counts
 from services.router.core.snapshot import build_snapshot
-from services.router.core.state import RouterCore, SessionBusy, SessionConflict, UnknownSession
+from services.router.core.state import RouterCore, SessionBusy, SessionConflict, UnknownSession, policy_flags
 
 
 def rep(rid: str, kv: int = 10_000, healthy: bool = True, draining: bool = False) -> Replica:
@@ -245,15 +245,26 @@ def test_a_reclaim_pause_of_a_session_that_resumed_since_the_snapshot_is_dropped
     ``c``; by the time the plan arrives ``a`` has sent its next request. Marking ``a`` would pause
     a session that decodes again, at its request's end, for an admission that finds no room
     before then: the pause is dropped, and so is the admission. A pause that ends a real excess
-    is still kept for a session holding a request (it is marked)."""
-    core = make(replicas=0)
-    core.upsert_replica(rep("r0", kv=2000), 0.0)  # capacity 1900
-    core.arrive(0.0, req("qa", "a", prompt=800, max_tokens=100))
-    admit(core, "a", "r0", 0.0)
-    core.dispatch(0.0)
-    core.finish(1.0, "qa", Usage(800, 100))  # a: ACTING with 1000 of 1900 (the plan's snapshot)
-    core.arrive(2.0, req("qc", "c", prompt=1200, max_tokens=100))  # c needs 1300 > 900 free
-    assert core.arrive(2.1, req("qa2", "a", prompt=1000, max_tokens=100)) is not None  # a resumes
+    is still kept for a session holding a request (it is marked). Only for policies whose pauses
+    are reclaims of that kind (``drop_resumed_reclaims``, the ``tao`` family): Continuum's TTL
+    expiry unpins the session whatever it does next."""
+
+    def resumed(**cfg: object) -> RouterCore:
+        core = make(replicas=0, **cfg)
+        core.upsert_replica(rep("r0", kv=2000), 0.0)  # capacity 1900
+        core.arrive(0.0, req("qa", "a", prompt=800, max_tokens=100))
+        admit(core, "a", "r0", 0.0)
+        core.dispatch(0.0)
+        core.finish(1.0, "qa", Usage(800, 100))  # a: ACTING with 1000 of 1900 (the plan's snapshot)
+        core.arrive(2.0, req("qc", "c", prompt=1200, max_tokens=100))  # c needs 1300 > 900 free
+        assert core.arrive(2.1, req("qa2", "a", prompt=1000, max_tokens=100)) is not None  # a resumes
+        return core
+
+    unpins = resumed()  # without the flag the pause holds: a is marked, c waits for its room
+    report = unpins.apply_plan(2.2, PlanDecision((("c", "r0"),), ("a",), 2.0, "t"))
+    assert report.pause_deferred == ("a",) and report.admitted == ()
+    check_invariants(unpins)
+    core = resumed(drop_resumed_reclaims=True)
     report = core.apply_plan(2.2, PlanDecision((("c", "r0"),), ("a",), 2.0, "t"))
     assert report.paused == () and report.pause_deferred == () and report.admitted == ()
     assert ("a", "pause: session resumed, its reservation is no longer free to reclaim") in report.rejected
@@ -479,3 +490,11 @@ def test_restored_sessions_leave_a_replica_that_turns_out_dead() -> None:
     core.upsert_replica(rep("r0", healthy=False, draining=False), 1.0)  # first probe: still down
     assert not core.sessions["s"].admitted and core.used["r0"] == 0
     check_invariants(core)
+
+
+def test_policy_flags_are_what_the_runtime_and_the_simulator_configure_the_core_with() -> None:
+    tao, continuum, lend = (policy_flags(make_policy(n)) for n in ("tao", "continuum", "tao-lend"))
+    assert tao["gating"] and tao["sticky"] and tao["drop_resumed_reclaims"] and not tao["lend"]
+    assert continuum["gating"] and not continuum["drop_resumed_reclaims"]
+    assert lend["lend"] and not policy_flags(make_policy("round_robin"))["gating"]
+    assert policy_flags(make_policy("tao-fast"))["fast_admit"]
