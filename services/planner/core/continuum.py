@@ -60,7 +60,9 @@ Mapping onto our snapshot (program = session; pin = an admitted ACTING session; 
 - T: mean of the last ``queue_window`` (100; the paper gives no size) pool waits of sessions this
   policy had unpinned, measured when it admits them again. η from the turns seen per session
   (tool calls + 1) when it ends; 1.0 (fully memoryful) until the correlation is defined.
-- Placement (not in the paper: one engine): the session's last replica when it fits, else the
+- Placement (not in the paper: one engine): the session's last replica (``last_replica``: its
+  newest usage observation; until 2026-12-04 only an admitted session's, so a paused one never
+  went home on purpose) when it fits, else the
   healthy replica with the most room; the deadlock rule picks the replica needing the fewest
   unpins. Tenant headroom skips a tenant's sessions once its slots are used (not a memory stop).
   Only replicas serving the session's model are considered, and head-of-line blocking is per
@@ -75,7 +77,7 @@ from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 
-from services.planner.core.model import Assignment, Plan, SessionState, Snapshot
+from services.planner.core.model import Assignment, Plan, ReplicaState, SessionState, Snapshot
 from services.planner.core.policy import (
     PlanCounter,
     Stopwatch,
@@ -98,6 +100,11 @@ class ContinuumConfig:
     prefill_linear_s: float = 5.10e-5  # s per token, qwen3-32b-h100x2 fit (module docstring)
     prefill_quadratic_s: float = 1.18e-9  # s per token²
     max_history: int = 4096  # bound on recorded durations / ratios
+    #: one Continuum engine per replica behind a session-sticky router (``continuum-affine``):
+    #: each program keeps its replica (its last one; a new program goes to the replica with the
+    #: most room), the FCFS queue and its head-of-line blocking are per replica, and the
+    #: deadlock rule unpins only there. False: one fleet-wide queue (module docstring).
+    per_replica_queues: bool = False
 
 
 def prefill_reload_s(tokens: int, cfg: ContinuumConfig) -> float:
@@ -273,6 +280,7 @@ class ContinuumPolicy:
                        key=lambda s: (self._arrival[s.id], s.id))
         assigned: dict[str, str] = {}
         blocked: set[str] = set()  # models whose queue head does not fit
+        blocked_replicas: set[str] = set()  # per_replica_queues: engines whose queue head does not fit
         for s in queue:
             if s.tenant in headroom and headroom[s.tenant] <= 0:
                 continue
@@ -282,9 +290,19 @@ class ContinuumPolicy:
             serving = {rid: free for rid, free in room.items() if healthy[rid].serves(s)}
             if need > max((healthy[rid].capacity_tokens for rid in serving), default=0):
                 continue  # can never fit (vLLM rejects it at arrival); it must not block the queue
-            target = self._place(s, serving)
+            if self.config.per_replica_queues:
+                target = self._engine_of(s, serving, healthy)
+                if target is None or target in blocked_replicas:
+                    continue
+                victims = self._victims_needed(need, room[target], pinned.get(target, []))
+                if victims < 0:
+                    blocked_replicas.add(target)  # its engine's head waits; the others go on
+                    continue
+                unpin(target, victims)
+            else:
+                target = self._place(s, serving)
             if target is None:
-                target = self._place_unpinning(need, serving, pinned)
+                target = self._place_unpinning(need, serving, pinned, s.replica or last_replica(s))
                 if target is None:
                     blocked.add(s.model)
                     continue
@@ -313,10 +331,21 @@ class ContinuumPolicy:
 
     @staticmethod
     def _place(s: SessionState, room: dict[str, int]) -> str | None:
-        if s.replica in room and room[s.replica] >= s.footprint_tokens:
-            return s.replica
+        home = s.replica or last_replica(s)
+        if home in room and room[home] >= s.footprint_tokens:
+            return home
         fits = [rid for rid, free in room.items() if free >= s.footprint_tokens]
         return min(fits, key=lambda rid: (-room[rid], rid), default=None)
+
+    @staticmethod
+    def _engine_of(s: SessionState, room: dict[str, int], healthy: dict[str, ReplicaState]) -> str | None:
+        """``per_replica_queues``: the engine a sticky router sends ``s`` to — its last replica,
+        else (a new program, or its replica gone or too small) the one with the most room."""
+        home = s.replica or last_replica(s)
+        if home in room and healthy[home].capacity_tokens >= s.footprint_tokens:
+            return home
+        able = [rid for rid in room if healthy[rid].capacity_tokens >= s.footprint_tokens]
+        return min(able, key=lambda rid: (-room[rid], rid), default=None)
 
     @staticmethod
     def _victims_needed(need: int, free: int, victims: list[SessionState]) -> int:
@@ -327,13 +356,14 @@ class ContinuumPolicy:
         return count if free >= need else -1
 
     def _place_unpinning(self, need: int, room: dict[str, int],
-                         pinned: dict[str, list[SessionState]]) -> str | None:
-        best: tuple[int, str] | None = None
+                         pinned: dict[str, list[SessionState]], home: str | None) -> str | None:
+        """The replica needing the fewest unpins for ``need`` (the session's ``home`` on a tie)."""
+        best: tuple[int, bool, str] | None = None
         for rid in sorted(room):
             count = self._victims_needed(need, room[rid], pinned.get(rid, []))
-            if count >= 0 and (best is None or count < best[0]):
-                best = (count, rid)
-        return None if best is None else best[1]
+            if count >= 0 and (best is None or (count, rid != home, rid) < best):
+                best = (count, rid != home, rid)
+        return None if best is None else best[2]
 
     # ------------------------------------------------------------------ history
     def _observe(self, now: float, sessions: list[SessionState]) -> None:
@@ -371,3 +401,12 @@ class ContinuumPolicy:
         self._open_tool.pop(sid, None)
         self._turns.pop(sid, None)
         self._evicted.discard(sid)
+
+
+def last_replica(s: SessionState) -> str | None:
+    """The replica ``s``'s last request ran on: its newest usage observation (a pool session's
+    ``replica`` is cleared when it is paused; KV-event evidence is left out, since a replica can
+    hold a session's shared prefix without ever having served it)."""
+    usage = [c for c in s.credits if c.kind != "kv_events"]
+    return max(usage, key=lambda c: (c.observed_at_s, c.replica)).replica if usage else None
+

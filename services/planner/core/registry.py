@@ -32,6 +32,7 @@ runs every registered name through the same invariants.
 | sjf              | yes   | footprint (credit only to pick the replica)  | shortest footprint first, tao-paper's pauses     | TAO paper's DP comparison |
 | thunderagent     | yes   | program tokens (acting weighted), buffers    | tick every 5 s: resume reasoning→new→acting, BFD onto the roomiest replica; pause smallest acting first, mark reasoning | ThunderAgent scheduler/router.py |
 | continuum        | yes   | program arrival, tool-return prediction, context tokens | program-level FCFS with head-of-line blocking; pin each tool call's KV for TTL τ* = argmax P(τ)·(T·η + prefill) − τ, unpin on expiry or (latest arrival first) when the queue head does not fit | arXiv 2511.02230 §4, Hanchenli/vllm-continuum |
+| continuum-affine | yes   | as continuum                                 | as continuum with one engine per replica behind a session-sticky router: each program keeps its replica (a new one goes to the most room), FCFS, head-of-line blocking and unpinning per replica | arXiv 2511.02230 on each replica (multi-replica mapping ours) |
 | round_robin      | no    | replica health                               | every held request to the next replica          | vLLM production-stack / Dynamo round-robin |
 | least_loaded     | no    | running + waiting requests                   | every held request to the least loaded replica  | common load-balancing baseline |
 | cache_aware      | no    | best cache evidence per replica, active KV blocks | lowest 1.0·prefill blocks + decode blocks      | NVIDIA Dynamo KV router docs |
@@ -42,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from services.planner.core.continuum import ContinuumPolicy
+from services.planner.core.continuum import ContinuumConfig, ContinuumPolicy
 from services.planner.core.fits import engine_fits
 from services.planner.core.policy import Policy
 from services.planner.core.routers import CacheAwarePolicy, LeastLoadedPolicy, RoundRobinPolicy
@@ -84,6 +85,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "cache_aware": CacheAwarePolicy,
     "thunderagent": ThunderAgentPolicy,
     "continuum": ContinuumPolicy,
+    "continuum-affine": lambda: ContinuumPolicy("continuum-affine", ContinuumConfig(per_replica_queues=True)),
 }
 
 
