@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -46,6 +47,7 @@ from bench.peers.core import (
     verdict,
 )
 from services.common.ports import free_port
+from services.common.stats import histogram_quantile
 from services.driver.driver import DriverConfig, ToolEvents, TraceDriver
 from services.driver.results import measure
 from services.planner.core.registry import POLICIES
@@ -53,6 +55,7 @@ from services.sim.engine import PROFILES, get_profile
 from services.sim.workload.generate import GenerateOptions, generate
 from services.sim.workload.params import KINDS
 from services.sim.workload.trace import TraceSession, write_trace
+from services.up.panels import parse as parse_metrics
 from services.up.procs import Supervisor, tao_argv
 from services.up.stack import Stack, StackConfig, http_ok
 
@@ -257,27 +260,21 @@ async def _drive(url: str, sessions: list[TraceSession], replicas: list[str], ar
 
 def router_plan_metrics(router_url: str) -> dict[str, Any]:
     """The TAO router's plan figures after a run: how old plans are when applied (model seconds,
-    ``tao_router_plan_age_seconds``: p50 / p90 read off the histogram's buckets as the bucket
-    holding that rank) and their parts by outcome (``tao_router_plan_parts_total``)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
+    ``tao_router_plan_age_seconds`` p50 / p90 as PromQL's ``histogram_quantile`` reads them; None
+    without plans) and their parts by outcome (``tao_router_plan_parts_total``)."""
     with urllib.request.urlopen(router_url + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    buckets: list[tuple[float, float]] = []
-    parts: dict[str, int] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "tao_router_plan_age_seconds_bucket":
-                buckets.append((float(sample.labels["le"]), sample.value))
-            elif sample.name == "tao_router_plan_parts_total":
-                parts[sample.labels["outcome"]] = int(sample.value)
-    buckets.sort()
-    total = buckets[-1][1] if buckets else 0.0
+        values = parse_metrics(resp.read().decode())
+    buckets = [(float(dict(labels)["le"]), v) for (name, labels), v in values.items()
+               if name == "tao_router_plan_age_seconds_bucket"]
+    parts = {dict(labels)["outcome"]: int(v) for (name, labels), v in values.items()
+             if name == "tao_router_plan_parts_total"}
 
-    def upper(q: float) -> float | None:
-        return next((le for le, n in buckets if n >= q * total), None) if total else None
+    def age(q: float) -> float | None:
+        v = histogram_quantile(buckets, q)
+        return None if math.isnan(v) else round(v, 3)
 
-    return {"plans": int(total), "age_p50_le_s": upper(0.5), "age_p90_le_s": upper(0.9), "parts": parts}
+    return {"plans": int(max((n for _, n in buckets), default=0)), "age_p50_s": age(50), "age_p90_s": age(90),
+            "parts": parts}
 
 
 def run_one(system: System, sessions: list[TraceSession], args: argparse.Namespace, bin_dir: str,
@@ -394,8 +391,8 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
             plans = m.get("router_plans")
             if plans:
-                print(f"          plans {plans['plans']}, age p50 ≤ {plans['age_p50_le_s']} s, p90 ≤ "
-                      f"{plans['age_p90_le_s']} s (model); parts {plans['parts']}", flush=True)
+                print(f"          plans {plans['plans']}, age p50 {plans['age_p50_s']} s, p90 "
+                      f"{plans['age_p90_s']} s (model); parts {plans['parts']}", flush=True)
     rows = table_rows(runs, failures | skipped)
     table = markdown_table(rows)
     print()

@@ -77,7 +77,7 @@ from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 
-from services.planner.core.model import Assignment, Plan, ReplicaState, SessionState, Snapshot
+from services.planner.core.model import Assignment, Plan, SessionState, Snapshot
 from services.planner.core.policy import (
     PlanCounter,
     Stopwatch,
@@ -290,24 +290,27 @@ class ContinuumPolicy:
             serving = {rid: free for rid, free in room.items() if healthy[rid].serves(s)}
             if need > max((healthy[rid].capacity_tokens for rid in serving), default=0):
                 continue  # can never fit (vLLM rejects it at arrival); it must not block the queue
+            home = last_replica(s)
             if self.config.per_replica_queues:
-                target = self._engine_of(s, serving, healthy)
+                # the engine a sticky router sends it to: home, else (a new program, or its replica
+                # gone or too small) the one with the most room
+                target = _home_or_roomiest(home, [r for r in serving if healthy[r].capacity_tokens >= need], room)
                 if target is None or target in blocked_replicas:
                     continue
                 victims = self._victims_needed(need, room[target], pinned.get(target, []))
                 if victims < 0:
                     blocked_replicas.add(target)  # its engine's head waits; the others go on
                     continue
-                unpin(target, victims)
             else:
-                target = self._place(s, serving)
-            if target is None:
-                target = self._place_unpinning(need, serving, pinned, s.replica or last_replica(s))
+                target = _home_or_roomiest(home, [r for r, free in serving.items() if free >= need], room)
+                victims = 0
                 if target is None:
-                    blocked.add(s.model)
-                    continue
-                victims = self._victims_needed(need, room[target], pinned.get(target, []))
-                unpin(target, victims)
+                    target = self._place_unpinning(need, serving, pinned, home)
+                    if target is None:
+                        blocked.add(s.model)
+                        continue
+                    victims = self._victims_needed(need, room[target], pinned.get(target, []))
+            unpin(target, victims)
             assigned[s.id] = target
             room[target] -= need
             if s.tenant in headroom:
@@ -328,24 +331,6 @@ class ContinuumPolicy:
             solve_ms=elapsed_ms(self._stopwatch, start),
             policy=self.name,
         )
-
-    @staticmethod
-    def _place(s: SessionState, room: dict[str, int]) -> str | None:
-        home = s.replica or last_replica(s)
-        if home in room and room[home] >= s.footprint_tokens:
-            return home
-        fits = [rid for rid, free in room.items() if free >= s.footprint_tokens]
-        return min(fits, key=lambda rid: (-room[rid], rid), default=None)
-
-    @staticmethod
-    def _engine_of(s: SessionState, room: dict[str, int], healthy: dict[str, ReplicaState]) -> str | None:
-        """``per_replica_queues``: the engine a sticky router sends ``s`` to — its last replica,
-        else (a new program, or its replica gone or too small) the one with the most room."""
-        home = s.replica or last_replica(s)
-        if home in room and healthy[home].capacity_tokens >= s.footprint_tokens:
-            return home
-        able = [rid for rid in room if healthy[rid].capacity_tokens >= s.footprint_tokens]
-        return min(able, key=lambda rid: (-room[rid], rid), default=None)
 
     @staticmethod
     def _victims_needed(need: int, free: int, victims: list[SessionState]) -> int:
@@ -404,9 +389,17 @@ class ContinuumPolicy:
 
 
 def last_replica(s: SessionState) -> str | None:
-    """The replica ``s``'s last request ran on: its newest usage observation (a pool session's
-    ``replica`` is cleared when it is paused; KV-event evidence is left out, since a replica can
-    hold a session's shared prefix without ever having served it)."""
+    """The replica ``s``'s last request ran on: its replica while admitted, else its newest usage
+    observation (a pool session's ``replica`` is cleared when it is paused; KV-event evidence is
+    left out, since a replica can hold a session's shared prefix without ever having served it)."""
+    if s.replica is not None:
+        return s.replica
     usage = [c for c in s.credits if c.kind != "kv_events"]
     return max(usage, key=lambda c: (c.observed_at_s, c.replica)).replica if usage else None
 
+
+def _home_or_roomiest(home: str | None, able: list[str], room: dict[str, int]) -> str | None:
+    """``home`` when it is among ``able``, else the ``able`` replica with the most room (then id)."""
+    if home in able:
+        return home
+    return min(able, key=lambda rid: (-room[rid], rid), default=None)

@@ -357,6 +357,9 @@ class TaoPolicy:
 
     gates_admission = True
     sticky = True
+    #: CoreConfig.drop_resumed_reclaims: a reclaim takes the reservation of a session between
+    #: requests, so its pause is void once that session runs again (router/core/plans.py)
+    reclaims_between_requests = True
 
     def __init__(self, name: str = "tao", config: TaoConfig | None = None,
                  stopwatch: Stopwatch | None = None) -> None:
@@ -368,9 +371,6 @@ class TaoPolicy:
         # The router core reads this (CoreConfig.fast_admit): decisions without contention are
         # the DP's own under the ready-first objective, so the router may take them itself.
         self.fast_admit = self.config.fast_admit and self.config.objective == "ready-first"
-        # CoreConfig.drop_resumed_reclaims: a reclaim takes the reservation of a session between
-        # requests, so its pause is void once that session runs again (plans.py)
-        self.reclaims_between_requests = True
         self._seen = 0
         # tao-ttl-q: sessions this policy reclaimed, and their pool waits when admitted again.
         self._reclaimed: set[str] = set()

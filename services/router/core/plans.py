@@ -16,9 +16,10 @@ applied only if it still holds against live state:
   assignments then find no room): it would otherwise pause a session that is decoding again, at
   its request's end, for an admission that cannot happen before then (``drop_resumed_reclaims``,
   set by the ``tao`` policies; Continuum's TTL expiry unpins whatever the session does next,
-  as its engine does). A live plan arrives
-  0.5–2 model seconds after the state it read (the write-behind flush, the planner's round,
-  the publish), longer than most agent tools (p50 0.75 s on terminal-bench). The planner's snapshot does not
+  as its engine does). A live plan reaches the router 0.1–0.25 model seconds after the
+  planner read its snapshot (``tao_router_plan_age_seconds`` p50 / p90 at time scale 20), and
+  the router's write-behind can hold a change up to one flush interval before that: together
+  about as long as a short agent tool (p50 0.75 s on terminal-bench). The planner's snapshot does not
   say which RUNNING sessions are marked, so a policy re-planning while a marked request
   still runs asks again for the same excess;
   upstream ThunderAgent avoids the same double count with its ``future_paused_tokens``.
