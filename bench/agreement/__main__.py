@@ -29,6 +29,7 @@ from services.driver.driver import DriverConfig, TraceDriver
 from services.driver.reporter_adapter import ReporterToolEvents
 from services.driver.results import measure
 from services.planner.core.registry import POLICIES
+from services.sim.cluster.oracle import SIM_ONLY
 from services.sim.cluster.runner import compare as sim_compare
 from services.sim.cluster.simulator import SimConfig
 from services.sim.engine import PROFILES
@@ -61,9 +62,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--log-dir", type=Path, default=None, help="keep the live stacks' logs here")
     args = ap.parse_args(argv)
     args.policy_list = [p.strip() for p in args.policies.split(",") if p.strip()]
-    bad = [p for p in args.policy_list if p not in POLICIES or p == "oracle"]
+    bad = [p for p in args.policy_list if p not in POLICIES or p in SIM_ONLY]
     if bad:
-        ap.error(f"not runnable live: {', '.join(bad)} (registered: {', '.join(sorted(POLICIES))}; oracle is sim-only)")
+        ap.error(f"not runnable live: {', '.join(bad)} (registered: {', '.join(sorted(POLICIES))}; "
+                 f"{', '.join(SIM_ONLY)} are sim-only)")
     if len(args.policy_list) < 2 or len(set(args.policy_list)) != len(args.policy_list):
         ap.error("--policies needs at least two distinct policies")
     if args.profile not in PROFILES:

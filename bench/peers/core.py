@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from services.sim.cluster.oracle import SIM_ONLY
+
 #: ``vllm-router --help`` (0.1.17): --policy {random, round_robin, cache_aware, kv_aware,
 #: power_of_two, consistent_hash, sticky_least_loaded}; "program" = --enable-program-scheduling
 VLLM_ROUTER_POLICIES = ("round_robin", "random", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
@@ -124,8 +126,8 @@ def parse_system(text: str, tao_policies: Sequence[str] | None = None) -> System
         raise ValueError(f"{text!r}: unknown router {kind!r} (known: {', '.join(KINDS)})")
     if known is not None and policy not in known:
         raise ValueError(f"{text!r}: {kind} has no policy {policy!r} (known: {', '.join(known)})")
-    if kind == "tao" and policy == "oracle":
-        raise ValueError("tao:oracle is simulator-only (it reads the future)")
+    if kind == "tao" and policy in SIM_ONLY:
+        raise ValueError(f"tao:{policy} is simulator-only (it reads the future)")
     return System(kind, policy)
 
 

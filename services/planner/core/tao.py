@@ -116,8 +116,9 @@ class TaoConfig:
     ``guard``: after a DP that did not run at token resolution, also build the BFD and SJF
     plans and keep the lexicographically best in exact tokens; ``sparse``: try the
     token-resolution DP over reachable states (sparse.py) first; ``objective``: "paper"
-    (Σk, Σr, Σf), "ready-first" (Σr, Σk, Σf, values.ready_first) or "senior" (ready sessions,
-    the older half counted twice, then Σk, Σf); ``spread``: break placement
+    (Σk, Σr, Σf), "ready-first" (Σr, Σk, Σf, values.ready_first), "senior" (ready sessions,
+    the older half counted twice, then Σk, Σf) or "tiered" (Σtier, Σk, Σf with a subclass's
+    per-session tier, ``TaoPolicy._tier``); ``spread``: break placement
     ties by compute load (spread.py); ``pause_tolerance``: pause only once a replica's admitted
     footprints exceed capacity × (1 + tolerance), then back down to capacity (hysteresis);
     ``reclaim``: a ready pool session that does not fit may take the reservation of admitted
@@ -437,7 +438,7 @@ class TaoPolicy:
             pool,
             dict(snapshot.tenant_headroom) if snapshot.tenant_headroom else None,
             (lambda i: (-int(values.ready[i]), -int(best_k[i]), -int(values.footprint[i]), ids[i]))
-            if cfg.objective == "ready-first" else
+            if cfg.objective in ("ready-first", "tiered") else
             (lambda i: (-int(best_k[i]), -int(values.ready[i]), -int(values.footprint[i]), ids[i])),
         )
         if len(keep) < len(pool):
@@ -446,8 +447,8 @@ class TaoPolicy:
             eligible = eligible[rows]
             ids = [ids[i] for i in keep]
         solve_values = ready_first(values) if cfg.objective == "ready-first" else values
-        if cfg.objective == "senior":
-            solve_values = with_tier(values, self._seniority_tier(snapshot, ids, values), keep_ready=False)
+        if cfg.objective in ("senior", "tiered"):
+            solve_values = with_tier(values, self._tier(snapshot, ids, values), keep_ready=False)
         solved = self._solve(solve_values, eligible, free, ids)
         choice = solved.choice
         pauses = paused.pauses
@@ -677,10 +678,15 @@ class TaoPolicy:
             self._loans[b.id] = _Loan(rid, tuple(s.id for s in taken_lenders))
         return choice
 
-    def _seniority_tier(self, snapshot: Snapshot, ids: list[str], values: Values) -> IntArray:
-        """Per pool row: 0 when not ready; else 1, or 2 for the older half of the sessions in the
-        snapshot, by the order in which this policy first saw them (program-level age, after
-        Continuum's program FCFS). Σtier then counts ready sessions with the senior ones twice."""
+    def _tier(self, snapshot: Snapshot, ids: list[str], values: Values) -> IntArray:
+        """The first term of the "senior" and "tiered" objectives, per pool row (0 when not
+        ready). "senior": 1, or 2 for the older half of the sessions in the snapshot, by the
+        order in which this policy first saw them (program-level age, after Continuum's program
+        FCFS); Σtier then counts ready sessions with the senior ones twice. "tiered" has no tier
+        of its own: a subclass supplies it (the simulator's ``oracle-remaining``,
+        ``services/sim/cluster/oracle.py``)."""
+        if self.config.objective != "senior":
+            raise NotImplementedError(f"objective {self.config.objective!r} needs a subclass's _tier")
         for sid in sorted(sess.id for sess in snapshot.sessions if sess.id not in self._first_seen):
             self._first_seen[sid] = self._seen  # new ones in id order: list order never matters
             self._seen += 1

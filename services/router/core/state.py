@@ -560,6 +560,19 @@ class RouterCore:
 
     # ------------------------------------------------------------------------- sessions
 
+    def reveal_next_request(self, session_id: str, append_tokens: int, output_tokens: int) -> None:
+        """The simulator's ``oracle`` only (docs/algorithms.md#oracle): the session's next request
+        will append ``append_tokens`` to its context and produce ``output_tokens``. They replace
+        the EWMA estimates in its footprint until its next request completes, so the footprint is
+        that request's exact size (a session with no completed request keeps the default output
+        estimate). Unknown sessions are ignored."""
+        s = self.sessions.get(session_id)
+        if s is None:
+            return
+        s.tokens = replace(s.tokens, ewma_append_tokens=float(max(0, append_tokens)),
+                           ewma_output_tokens=float(max(0, output_tokens)))
+        self._put(s)
+
     def release(self, now_s: float, session_id: str, force: bool = False) -> list[str]:
         """End a session; returns the ids of its held requests (the adapter answers them)."""
         s = self.sessions.get(session_id)

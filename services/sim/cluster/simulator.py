@@ -49,6 +49,7 @@ from services.router.core.snapshot import build_snapshot
 from services.router.core.state import RouterCore, admission_hooks, policy_flags
 from services.sim.cluster.kv_events import with_kv_events
 from services.sim.cluster.metrics import RequestRecord, SessionOutcome
+from services.sim.cluster.oracle import RemainingWork
 from services.sim.cluster.state import SimSession
 from services.sim.engine import (
     ChainCache,
@@ -192,6 +193,8 @@ class ClusterSim:
         order = sorted(range(len(sessions)), key=lambda i: (sessions[i].arrival_s, i))
         self.sessions = [SimSession(sessions[i], rank) for rank, i in enumerate(order)]
         self.by_id = {s.id: s for s in self.sessions}
+        if getattr(policy, "uses_remaining_work", False):  # the oracle-remaining reference
+            policy.remaining_work = self._remaining_work  # type: ignore[attr-defined]
         self.by_request: dict[str, SimSession] = {}
         self.active: dict[str, SimSession] = {}
         self.pending: deque[SimSession] = deque()
@@ -208,6 +211,17 @@ class ClusterSim:
             "admitted": 0, "admitted_moved": 0, "rejected": 0, "paused_acting": 0, "pause_deferred": 0,
             "pauses_dropped": 0, "plans_applied": 0,
         }
+
+    def _remaining_work(self, session_id: str) -> RemainingWork | None:
+        """What is left of a live session, from the trace (``oracle-remaining`` only): ``turn`` is
+        the request next or in flight, and while a tool runs the one after it."""
+        s = self.by_id.get(session_id)
+        if s is None or s.phase in ("PENDING", "ENDED"):
+            return None
+        tool_left = max(0.0, s.tool_end_s - self.now) if s.phase == "ACTING" else 0.0
+        turns = tuple((t.append_tokens, t.output_tokens, t.tool.duration_s if t.tool else 0.0)
+                      for t in s.trace.turns[s.turn:])
+        return RemainingWork(s.context_tokens, tool_left, turns)
 
     # ------------------------------------------------------------------ events
     def _push(self, t: float, kind: int, payload: object) -> None:
@@ -363,6 +377,9 @@ class ClusterSim:
         call_id = f"{s.id}:{s.turn}"
         s.turn += 1
         s.phase = "ACTING"
+        if self.truth:  # the oracle's footprint: the exact size of the next request
+            nxt = s.trace.turns[s.turn]
+            self.core.reveal_next_request(s.id, nxt.append_tokens, nxt.output_tokens)
         s.tool_end_s = self.now + tool.duration_s
         self.predictor.observe(ToolEvent(self.now, s.id, call_id, EventType.STARTED, tool.name, tool.command,
                                          tool.deadline_s))

@@ -256,3 +256,64 @@ def test_a_session_bigger_than_the_admissible_capacity_still_runs_and_a_stall_is
     assert out.metrics["completed_sessions"] == 0
     # a per-request router just queues it in vLLM, which serves it
     assert run_policy(big, "round_robin", cfg).run.incomplete == []
+
+
+def test_oracle_remaining_ranks_ready_sessions_by_their_true_remaining_work() -> None:
+    from services.common.core.evidence import CacheEvidence
+    from services.planner.core.model import ReplicaState, SessionState, Snapshot
+    from services.sim.cluster.oracle import RemainingOraclePolicy, RemainingWork
+
+    # room for one of four equal ready sessions; "b" holds a little cache credit, so `tao`
+    # (readiness, then credit) takes it; the oracle takes "d", which has the least work left
+    snap = Snapshot(100.0, (ReplicaState("r0", 1000, 0),), tuple(
+        SessionState(sid, "t", 900, True, phase="WAITING",
+                     credits=(CacheEvidence.of_credit("r0", 100, 100.0),) if sid == "b" else ())
+        for sid in "abcd"))
+    work = {"a": 5, "b": 9, "c": 3, "d": 1}  # turns left, 1,000 tokens of context each
+    oracle = RemainingOraclePolicy()
+    oracle.remaining_work = lambda sid: RemainingWork(1000, 0.0, ((10, 50, 2.0),) * work[sid])
+    assert [a.session for a in make_policy("tao").plan(snap).assignments] == ["b"]
+    assert [a.session for a in oracle.plan(snap).assignments] == ["d"]
+    # each turn adds KV held through its decode and its tool: more turns, a larger index
+    idx = {sid: oracle.kv_seconds(oracle.remaining_work(sid)) for sid in work}  # type: ignore[arg-type]
+    assert sorted(idx, key=idx.__getitem__) == ["d", "c", "a", "b"]
+    # without the simulator's truth it is `tao`, as the oracle is
+    assert [a.session for a in RemainingOraclePolicy().plan(snap).assignments] == ["b"]
+
+
+def test_the_simulator_tells_oracle_remaining_what_is_left_of_each_session() -> None:
+    from services.sim.cluster.oracle import RemainingOraclePolicy, RemainingWork
+
+    trace = [_hand_session("a", [(100, 5, 10.0), (10, 5, 2.0), (20, 6, None)])]
+    policy = make_policy("oracle-remaining")
+    assert isinstance(policy, RemainingOraclePolicy)
+    sim = ClusterSim(trace, policy, SMALL)
+    assert policy.remaining_work is not None
+    assert policy.remaining_work("a") is None  # not started yet
+    sim.pending.extend(sim.sessions)
+    sim._fill_slots()
+    sim._apply(_plan((("a", "r0"),)), sim.now)
+    _run_until(sim, lambda: sim.by_id["a"].phase == "ACTING")
+    s = sim.by_id["a"]
+    assert policy.remaining_work("a") == RemainingWork(s.context_tokens, pytest.approx(s.tool_end_s - sim.now),
+                                                       ((10, 5, 2.0), (20, 6, 0.0)))
+    assert s.context_tokens == 32 + 100 + 5 and s.tool_end_s - sim.now == pytest.approx(10.0)
+    assert "oracle-remaining" in POLICIES and run_policy(trace, "oracle-remaining", SMALL).run.incomplete == []
+
+
+def test_the_oracle_sees_the_exact_size_of_each_next_request() -> None:
+    # turn 1 appends 700 tokens and answers 300; after turn 0 (100 + 32 in, 5 out) `tao`'s
+    # footprint is its estimate (no append sample yet, output EWMA = 5); the oracle's is exact
+    trace = [_hand_session("a", [(100, 5, 10.0), (700, 300, 2.0), (20, 6, None)])]
+    for policy, expected in (("tao", 137 + 0 + 5), ("oracle", 137 + 700 + 300)):
+        sim = ClusterSim(trace, make_policy(policy), SMALL)
+        sim.pending.extend(sim.sessions)
+        sim._fill_slots()
+        sim._apply(_plan((("a", "r0"),)), sim.now)
+        _run_until(sim, lambda: sim.by_id["a"].phase == "ACTING")  # noqa: B023
+        assert sim.core.sessions["a"].footprint_tokens == expected, policy
+        assert sim.core.used["r0"] == expected, policy
+        sim.core.reveal_next_request("unknown", 1, 1)  # ignored
+        assert set(sim.core.sessions) == {"a"}
+    out = run_policy(trace, "oracle", SMALL)
+    assert out.run.incomplete == [] and out.metrics["completed_sessions"] == 1
