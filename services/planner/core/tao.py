@@ -117,8 +117,8 @@ class TaoConfig:
     plans and keep the lexicographically best in exact tokens; ``sparse``: try the
     token-resolution DP over reachable states (sparse.py) first; ``objective``: "paper"
     (Σk, Σr, Σf), "ready-first" (Σr, Σk, Σf, values.ready_first), "senior" (ready sessions,
-    the older half counted twice, then Σk, Σf) or "tiered" (Σtier, Σk, Σf with a subclass's
-    per-session tier, ``TaoPolicy._tier``); ``spread``: break placement
+    the older half counted twice, then Σk, Σf) or "tiered" (Σtier, Σk, Σf: readiness, or a
+    subclass's finer per-session tier, ``TaoPolicy._tier``); ``spread``: break placement
     ties by compute load (spread.py); ``pause_tolerance``: pause only once a replica's admitted
     footprints exceed capacity × (1 + tolerance), then back down to capacity (hysteresis);
     ``reclaim``: a ready pool session that does not fit may take the reservation of admitted
@@ -680,13 +680,17 @@ class TaoPolicy:
 
     def _tier(self, snapshot: Snapshot, ids: list[str], values: Values) -> IntArray:
         """The first term of the "senior" and "tiered" objectives, per pool row (0 when not
-        ready). "senior": 1, or 2 for the older half of the sessions in the snapshot, by the
-        order in which this policy first saw them (program-level age, after Continuum's program
-        FCFS); Σtier then counts ready sessions with the senior ones twice. "tiered" has no tier
-        of its own: a subclass supplies it (the simulator's ``oracle-remaining``,
-        ``services/sim/cluster/oracle.py``)."""
-        if self.config.objective != "senior":
-            raise NotImplementedError(f"objective {self.config.objective!r} needs a subclass's _tier")
+        ready). "tiered": readiness alone (1 when ready), i.e. ``tao``'s ready-first order, which
+        a subclass refines (the simulator's ``oracle-remaining``, ``services/sim/cluster/oracle.py``).
+        "senior": ``_seniority_tier``."""
+        if self.config.objective == "tiered":
+            return values.ready.astype(np.int64)
+        return self._seniority_tier(snapshot, ids, values)
+
+    def _seniority_tier(self, snapshot: Snapshot, ids: list[str], values: Values) -> IntArray:
+        """Per pool row: 0 when not ready; else 1, or 2 for the older half of the sessions in the
+        snapshot, by the order in which this policy first saw them (program-level age, after
+        Continuum's program FCFS). Σtier then counts ready sessions with the senior ones twice."""
         for sid in sorted(sess.id for sess in snapshot.sessions if sess.id not in self._first_seen):
             self._first_seen[sid] = self._seen  # new ones in id order: list order never matters
             self._seen += 1

@@ -90,9 +90,11 @@ class RemainingOraclePolicy(TaoPolicy):
         return total
 
     def _tier(self, snapshot: Snapshot, ids: list[str], values: Values) -> IntArray:
+        if self.remaining_work is None:
+            return super()._tier(snapshot, ids, values)  # readiness alone: `tao`'s order
         index: dict[str, float] = {}
         for sess in snapshot.sessions:
-            work = self.remaining_work(sess.id) if self.remaining_work is not None else None
+            work = self.remaining_work(sess.id)
             if work is not None:
                 index[sess.id] = self.kv_seconds(work)
         ranked = sorted(index.values())
@@ -107,14 +109,16 @@ class RemainingOraclePolicy(TaoPolicy):
         return np.array(tiers, dtype=np.int64)
 
 
-SIM_ONLY: tuple[str, ...] = ("oracle", "oracle-remaining")
+_SIM_POLICIES: dict[str, type[TaoPolicy]] = {"oracle": OraclePolicy, "oracle-remaining": RemainingOraclePolicy}
+
+SIM_ONLY: tuple[str, ...] = tuple(_SIM_POLICIES)
 """Policies that read the trace's future: the simulator runs them, a live stack cannot."""
 
 
 def register() -> None:
-    """Idempotently add ``oracle`` and ``oracle-remaining`` to the planner registry."""
-    POLICIES.setdefault("oracle", OraclePolicy)
-    POLICIES.setdefault("oracle-remaining", RemainingOraclePolicy)
+    """Idempotently add the ``SIM_ONLY`` policies to the planner registry."""
+    for name, cls in _SIM_POLICIES.items():
+        POLICIES.setdefault(name, cls)
 
 
 register()
