@@ -96,7 +96,10 @@ class RouterRuntime:
             CoreConfig(
                 target_utilisation=settings.target_utilisation, ewma_alpha=settings.ewma_alpha,
                 default_output_tokens=settings.default_output_tokens, session_ttl_s=settings.session_ttl_s,
-                max_attempts=settings.max_attempts, **policy_flags(self.policy),
+                max_attempts=settings.max_attempts,
+                # a fleet router's core sees only its own sessions, so it cannot tell that
+                # nothing contends: its pool sessions wait for the planner, which sees them all
+                **(policy_flags(self.policy) | ({"fast_admit": ""} if settings.fleet else {})),
             ),
             policy=self.policy,
             **admission_hooks(self.policy),

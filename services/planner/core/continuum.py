@@ -184,6 +184,10 @@ class ContinuumPolicy:
         self._stopwatch = stopwatch
         self._revisions = PlanCounter()
         self._arrival: dict[str, float] = {}  # program-level FCFS key
+        # The router core reads this (CoreConfig.fast_admit): Continuum's queue runs inside vLLM's
+        # scheduler, which admits a request at its next step when no other program waits and it
+        # fits, not at a planner's tick.
+        self.fast_admit = "home-only" if self.config.per_replica_queues else "home"
         self._pins: dict[str, _Pin] = {}
         self._open_tool: dict[str, tuple[float, float | None]] = {}  # id -> (start, predicted duration)
         self._turns: dict[str, int] = {}

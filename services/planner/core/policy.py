@@ -61,9 +61,10 @@ HOLDS_REQUEST = frozenset({"RUNNING", "WAITING"})  # admitted sessions whose req
 class Policy(Protocol):
     """The planner core API (docs/architecture.md#planner-core-api): ``plan`` is a function of the snapshot and the policy's own history.
 
-    Optional attributes (default False), read by ``services.router.core.state.policy_flags``:
-    ``fast_admit``, the router core may admit a pool session itself when nothing contends
-    (``CoreConfig.fast_admit``); ``lend`` (``CoreConfig.lend``); ``reclaims_between_requests``,
+    Optional attributes, read by ``services.router.core.state.policy_flags``: ``fast_admit``, the
+    name of the rule by which the router core admits a pool session itself at its request's
+    arrival when nothing contends (``CoreConfig.fast_admit``; default "": never); and (default
+    False) ``lend`` (``CoreConfig.lend``); ``reclaims_between_requests``,
     a pause made only to room the plan's own assignments is void once its session runs again
     (``CoreConfig.drop_resumed_reclaims``)."""
 

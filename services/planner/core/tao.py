@@ -123,8 +123,8 @@ class TaoConfig:
     footprints exceed capacity × (1 + tolerance), then back down to capacity (hysteresis);
     ``reclaim``: a ready pool session that does not fit may take the reservation of admitted
     ACTING sessions that are not ready (``TaoPolicy._reclaim``; the ``tao-reclaim`` lever);
-    ``fast_admit``: the router admits a pool session's request at once when nothing contends
-    (``services.router.core.model.CoreConfig.fast_admit``), without the planner round trip;
+    ``fast_admit``: the router admits the request of a session alone in the pool at once
+    (``services.router.core.model.CoreConfig.fast_admit`` "cache"), without the planner round trip;
     ``ttl``: reclaim as ``reclaim``, but only from ACTING sessions whose Continuum-style KV
     time-to-live has run out (``ttl_expired``; the ``tao-ttl`` lever), with ``ttl_model``'s
     prefill-reload fit and cold-start TTL; ``ttl_queue``: add Continuum's queueing term T·η to
@@ -203,13 +203,15 @@ three changes measured on the simulator grid:
 
 It holds an admitted session's KV reservation for as long as its tool runs."""
 
-TAO = replace(TAO_HOLD, ttl=True, ttl_turn=True)
+TAO = replace(TAO_HOLD, ttl=True, ttl_turn=True, fast_admit=True)
 """The shipped ``tao`` policy: ``TAO_HOLD`` plus the TTL reclaim bounded by the turn time (the
 ``tao-ttl-turn`` lever until 2026-12-03; docs/benchmarks.md#the-reclaim-that-never-happened-plan-revalidation-fixed):
 a ready pool session the DP leaves out may take the reservation of admitted ACTING sessions whose
 Continuum TTL has run out (``ttl_expired``) and whose tool is predicted to run longer than the
 shortest predicted turn (``turn_s``) of the ready sessions left out on their replica (``lends``);
-dropped incumbents are paused, fewest first, readiness still ranking first (``TaoPolicy._reclaim``)."""
+dropped incumbents are paused, fewest first, readiness still ranking first (``TaoPolicy._reclaim``);
+and, since 2026-12-05, a session alone in the pool admitted by the router core at its request's
+arrival (``fast_admit``, ``CoreConfig.fast_admit`` "cache"; docs/algorithms.md#policies-tao-and-tao-paper)."""
 
 TAO_IDLE = replace(TAO, idle_reclaim=True)
 """``tao-idle``: ``TAO`` whose turn bound does not apply on a replica where no admitted session
@@ -369,9 +371,10 @@ class TaoPolicy:
         self._stopwatch = stopwatch
         self._revisions = PlanCounter()
         self._first_seen: dict[str, int] = {}  # session -> order of first sight (tao-senior)
-        # The router core reads this (CoreConfig.fast_admit): decisions without contention are
-        # the DP's own under the ready-first objective, so the router may take them itself.
-        self.fast_admit = self.config.fast_admit and self.config.objective == "ready-first"
+        # The router core reads this (CoreConfig.fast_admit): a session alone in the pool is
+        # admitted by the DP wherever it fits, with the most credit first, so the router may
+        # take that decision itself at the request's arrival.
+        self.fast_admit = "cache" if self.config.fast_admit else ""
         self._seen = 0
         # tao-ttl-q: sessions this policy reclaimed, and their pool waits when admitted again.
         self._reclaimed: set[str] = set()

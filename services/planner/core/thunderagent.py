@@ -13,9 +13,11 @@ What it sees: per replica the tokens of its admitted programs (acting ones weigh
 program sizes. It never sees credit, readiness or tool predictions.
 
 What it decides:
-- On arrival (every plan call): a new program is placed at once — on the replica with the
-  fewest active program tokens that has room for tokens + buffer — only when the paused
-  pool is empty; otherwise it queues (fairness).
+- On arrival: a new program is placed at once — on the replica with the fewest active program
+  tokens that has room for tokens + buffer — only when the paused pool is empty; otherwise it
+  queues (fairness). The router core does this at the request's arrival
+  (``CoreConfig.fast_admit`` "new-program", from ``fast_admit`` below); every plan call does it
+  too, for a new program the router could not place.
 - Every ``interval_s`` (``--scheduler-interval``, default 5 s), a tick:
   1. resume (``_greedy_resume``): capacity = Σ remaining over healthy replicas with more
      than a buffer left (with ``use_acting_token_decay`` acting tokens count ×2^(−t), t =
@@ -71,6 +73,10 @@ class ThunderAgentConfig:
 class ThunderAgentPolicy:
     gates_admission = True
     sticky = True
+    #: the router core reads this (CoreConfig.fast_admit): ThunderAgent places a new program at
+    #: its request's arrival (``update_program_before_request`` calls
+    #: ``_select_backend_for_new_program``) when its waiting queue is empty, not at a tick
+    fast_admit = "new-program"
 
     def __init__(self, name: str = "thunderagent", config: ThunderAgentConfig | None = None,
                  stopwatch: Stopwatch | None = None) -> None:

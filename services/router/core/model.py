@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from services.common.core.evidence import CacheEvidence
 from services.common.vocabulary import DEFAULT_BLOCK_SIZE, Phase, serves_model
 
+#: ``CoreConfig.fast_admit``'s rules ("" = off)
+FAST_ADMIT_RULES = frozenset({"", "cache", "new-program", "home", "home-only"})
+
 
 @dataclass(frozen=True, slots=True)
 class CoreConfig:
@@ -37,13 +40,30 @@ class CoreConfig:
     #: keep a plan's pause only while its replica is still over capacity once the sessions
     #: already leaving (paused earlier in the plan, or RUNNING and marked) are subtracted
     pause_revalidation: bool = True
-    #: gating only: a request of a pool session is admitted at once, without waiting for the
-    #: planner, when nothing else contends for the decision — no other pool session holds a
-    #: request, its tenant has headroom, and a replica serving it has room for its footprint
-    #: (the one with the most cache credit for it, then the fewest requests in flight). This is
-    #: what the ``tao`` policy's DP decides in that case (ready first, then credit); the
-    #: planner's next plan sees it as admitted. Set from the policy's ``fast_admit``.
-    fast_admit: bool = False
+    #: gating only: a request of a pool session that nothing else contends with is admitted at
+    #: once, without waiting for the planner's debounce and round trip, when its tenant has
+    #: headroom and a replica serving it has room. With nobody to rank it against there is no
+    #: ordering decision, and the scheduler each rule comes from admits it there and then; the
+    #: rules (``FAST_ADMIT_RULES``) differ in what contends and in the replica:
+    #: ``""``: never (wait for the plan);
+    #: ``"cache"`` (``tao``): no other session is in the pool (held *or* paused: a paused
+    #: session may be predicted back and outrank it); the replica with the most cache credit
+    #: for it, then the fewest requests in flight, then the most room: the ready-first DP's
+    #: choice for one session;
+    #: ``"new-program"`` (ThunderAgent, ``scheduler/router.py``
+    #: ``_select_backend_for_new_program``, called at the request's arrival): a session with no
+    #: cache evidence (a new program) while no other session is in the pool (ThunderAgent's
+    #: global waiting queue: every paused program); the replica with the fewest admitted tokens
+    #: among those whose room, less 100 tokens of buffer per admitted session, holds its
+    #: footprint plus one buffer;
+    #: ``"home"`` (Continuum, whose program-level FCFS queue runs in vLLM's scheduler at every
+    #: step): no other pool session holds a request (its waiting queue is empty); its last
+    #: replica when it fits there, else the replica with the most room that fits it;
+    #: ``"home-only"`` (``continuum-affine``, one engine per replica): as ``"home"``, but only on
+    #: its last replica (a new session: the replica with the most room).
+    #: Set from the policy's ``fast_admit``; a router fleet sets ``""`` (its core does not see
+    #: the sessions of the other routers).
+    fast_admit: str = ""
     #: gating only: a plan's assignment may take, besides the free room, the reservations of
     #: the sessions admitted on its replica that are between requests (the ``tao-lend`` lever:
     #: the planner lends the reservation of a session whose tool is predicted to outlast the
@@ -58,6 +78,8 @@ class CoreConfig:
     drop_resumed_reclaims: bool = False
 
     def __post_init__(self) -> None:
+        if self.fast_admit not in FAST_ADMIT_RULES:
+            raise ValueError(f"fast_admit must be one of {sorted(FAST_ADMIT_RULES)}, got {self.fast_admit!r}")
         if not 0.0 < self.target_utilisation <= 1.0:
             raise ValueError(f"target_utilisation must be in (0, 1], got {self.target_utilisation}")
         if not 0.0 < self.ewma_alpha <= 1.0:

@@ -25,6 +25,7 @@ from services.budget.core.model import may_admit
 from services.common.vocabulary import Phase
 from services.planner.core.model import Snapshot
 from services.planner.core.policy import Policy
+from services.planner.core.thunderagent import BUFFER_PER_PROGRAM as TA_BUFFER_PER_PROGRAM
 from services.router.core import plans
 from services.router.core.cache import decayed_credit, drop_replica, observe_kv, observe_usage
 from services.router.core.footprint import footprint_tokens, observe_request
@@ -69,7 +70,7 @@ def admission_hooks(policy: Policy) -> AdmissionHooks:
 class PolicyFlags(TypedDict):
     gating: bool
     sticky: bool
-    fast_admit: bool
+    fast_admit: str
     lend: bool
     drop_resumed_reclaims: bool
 
@@ -81,7 +82,7 @@ def policy_flags(policy: Policy) -> PolicyFlags:
     False; the last sets ``drop_resumed_reclaims``)."""
     return PolicyFlags(
         gating=bool(policy.gates_admission), sticky=bool(policy.sticky),
-        fast_admit=bool(getattr(policy, "fast_admit", False)), lend=bool(getattr(policy, "lend", False)),
+        fast_admit=str(getattr(policy, "fast_admit", "") or ""), lend=bool(getattr(policy, "lend", False)),
         drop_resumed_reclaims=bool(getattr(policy, "reclaims_between_requests", False)),
     )
 
@@ -120,6 +121,7 @@ class RouterCore:
         self.replicas: dict[str, Replica] = {}
         self.used: dict[str, int] = {}
         self._contrib: dict[str, tuple[str, int] | None] = {}  # session -> (replica, footprint) counted in used
+        self._pool: set[str] = set()  # sessions not admitted (gating: waiting for a plan, or paused)
         self.held: dict[str, HeldRequest] = {}  # insertion order is arrival order (FIFO)
         self._held_by_tenant: dict[str, dict[str, HeldRequest]] = {}  # the same, per tenant
         self.in_flight: dict[str, InFlight] = {}
@@ -171,6 +173,10 @@ class RouterCore:
                 self.used[new[0]] = self.used.get(new[0], 0) + new[1]
                 self._d_replicas.add(new[0])
         self._contrib[s.id] = new
+        if s.admitted:
+            self._pool.discard(s.id)
+        else:
+            self._pool.add(s.id)
         self.sessions[s.id] = s
         self._d_sessions.add(s.id)
         self._d_ended.discard(s.id)
@@ -182,6 +188,7 @@ class RouterCore:
         if old is None:
             return None
         contrib = self._contrib.pop(session_id, None)
+        self._pool.discard(session_id)
         if contrib is not None:
             self.used[contrib[0]] = self.used.get(contrib[0], 0) - contrib[1]
             self._d_replicas.add(contrib[0])
@@ -286,28 +293,56 @@ class RouterCore:
         self._put(replace(s, admitted=True, replica=rid, placed_s=now_s, pause_pending=False))
 
     def _fast_admit(self, s: Session, now_s: float) -> None:
-        """``CoreConfig.fast_admit``: admit ``s`` now when no other pool session contends."""
-        for req in self.held.values():
-            other = self.sessions.get(req.session_id)
-            if req.session_id != s.id and other is not None and not other.admitted:
-                return  # an ordering decision: the planner's
+        """``CoreConfig.fast_admit``: admit pool session ``s`` now when nothing contends with it."""
+        rule = self.config.fast_admit
+        if rule in ("cache", "new-program"):
+            if len(self._pool) > 1:
+                return  # another session waits or is paused: an ordering decision, the planner's
+            if rule == "new-program" and s.cache:
+                return  # ThunderAgent places only new programs on arrival; the rest wait for its tick
+        else:
+            for req in self.held.values():
+                other = self.sessions.get(req.session_id)
+                if req.session_id != s.id and other is not None and not other.admitted:
+                    return  # the FCFS queue is not empty
         cap = None if self.caps is None else self.caps.get(s.tenant)
         if cap is not None and cap - self.tenant_in_flight.get(s.tenant, 0) <= 0:
             return
-        best: tuple[float, int, int, str] | None = None
-        for rep in self.replicas.values():
-            if not self._can_take(rep, s):
-                continue
-            room = self.capacity(rep.id) - self.used.get(rep.id, 0)
-            if s.footprint_tokens > room:
-                continue
-            key = (-self._credit_on(s, rep.id, now_s), self.replica_in_flight.get(rep.id, 0), -room, rep.id)
-            if best is None or key < best:
-                best = key
-        if best is not None:
-            self._admit(s, best[3], now_s)
+        usable = [rep for rep in self.replicas.values() if self._can_take(rep, s)]
+        room = {rep.id: self.capacity(rep.id) - self.used.get(rep.id, 0) for rep in usable}
+        target: str | None = None
+        if rule == "cache":
+            keys = [(-self._credit_on(s, rid, now_s), self.replica_in_flight.get(rid, 0), -free, rid)
+                    for rid, free in room.items() if s.footprint_tokens <= free]
+            target = min(keys)[3] if keys else None
+        elif rule == "new-program":
+            programs = dict.fromkeys(room, 0)
+            for o in self.sessions.values():
+                if o.admitted and o.replica in programs:
+                    programs[o.replica] += 1
+            need = s.footprint_tokens + TA_BUFFER_PER_PROGRAM
+            able = [rid for rid, free in room.items() if free - TA_BUFFER_PER_PROGRAM * programs[rid] >= need]
+            target = min(able, key=lambda rid: (self.used.get(rid, 0), rid), default=None)
+        else:
+            home = s.replica if s.replica in room else self._last_used_replica(s, room)
+            if rule == "home-only" and home is None:
+                home = min(room, key=lambda rid: (-room[rid], rid), default=None)
+            if home is not None and s.footprint_tokens <= room[home]:
+                target = home
+            elif rule == "home":
+                able = [rid for rid, free in room.items() if s.footprint_tokens <= free]
+                target = min(able, key=lambda rid: (-room[rid], rid), default=None)
+        if target is not None:
+            self._admit(s, target, now_s)
             self.last_reject.pop(s.id, None)
             self.fast_admits += 1
+
+    @staticmethod
+    def _last_used_replica(s: Session, among: dict[str, int]) -> str | None:
+        """The replica of ``s``'s newest usage evidence among ``among`` (Continuum's home; KV-event
+        evidence left out, as ``services.planner.core.continuum.last_replica`` does)."""
+        usage = [e for e in s.cache if e.kind != "kv_events" and e.replica in among]
+        return max(usage, key=lambda e: (e.observed_at_s, e.replica)).replica if usage else None
 
     def _admit_over_capacity(self, now_s: float) -> None:
         """``hold_limit``: a pool session whose held request has waited its limit is admitted on

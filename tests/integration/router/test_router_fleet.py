@@ -326,6 +326,9 @@ async def test_gating_routers_admit_capped_tenants_through_their_slots(
     slots as the tenant's headroom; the router asks for a slot for its pool, so it admits."""
     async with fleet(redis_url, sims, n=2, hold_timeout_s=5.0) as routers, aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=60)) as http:
+        # tao admits a session alone in the pool at once (CoreConfig.fast_admit "cache"), but a
+        # fleet router's core sees only its own sessions, so in a fleet every admission is planned
+        assert all(r.rt.policy.name == "tao" and r.rt.core.config.fast_admit == "" for r in routers)
         redis = routers[0].redis
         await redis.set(keys.epoch_key("budget"), "budget-A")
         alloc = AllocationRecord(epoch="budget-A", rev=1, total=2, caps={"default": 2}, policy="static",

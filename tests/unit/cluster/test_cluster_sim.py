@@ -147,7 +147,8 @@ def _shrink(sim: ClusterSim, replica: str, kv_tokens: int) -> None:
 def test_pause_semantics_acting_now_running_at_request_end() -> None:
     trace = [_hand_session("a", [(200, 5, 5.0), (10, 5, None)]),
              _hand_session("b", [(200, 400, 5.0), (10, 5, None)])]
-    sim = ClusterSim(trace, make_policy("tao"), SMALL)
+    # tao-hold: no fast admission (CoreConfig.fast_admit), so both first requests wait for a plan
+    sim = ClusterSim(trace, make_policy("tao-hold"), SMALL)
     sim.pending.extend(sim.sessions)
     sim._fill_slots()
     a, b = sim.sessions

@@ -497,4 +497,8 @@ def test_policy_flags_are_what_the_runtime_and_the_simulator_configure_the_core_
     assert tao["gating"] and tao["sticky"] and tao["drop_resumed_reclaims"] and not tao["lend"]
     assert continuum["gating"] and not continuum["drop_resumed_reclaims"]
     assert lend["lend"] and not policy_flags(make_policy("round_robin"))["gating"]
-    assert policy_flags(make_policy("tao-fast"))["fast_admit"]
+    # CoreConfig.fast_admit: each gating policy's own arrival rule; the paper's TAO and SJF wait for a plan
+    rules = {n: policy_flags(make_policy(n))["fast_admit"] for n in
+             ("tao", "tao-fast", "tao-hold", "tao-paper", "thunderagent", "continuum", "continuum-affine", "sjf")}
+    assert rules == {"tao": "cache", "tao-fast": "cache", "tao-hold": "", "tao-paper": "",
+                     "thunderagent": "new-program", "continuum": "home", "continuum-affine": "home-only", "sjf": ""}

@@ -11,7 +11,7 @@ from services.router.core.state import RouterCore
 
 
 def core(force_after_s: float | None) -> RouterCore:
-    c = RouterCore(CoreConfig(gating=True, fast_admit=True, target_utilisation=1.0),
+    c = RouterCore(CoreConfig(gating=True, fast_admit="cache", target_utilisation=1.0),
                    force_admit_after_s=force_after_s)
     for rid in ("r0", "r1"):
         c.upsert_replica(Replica(id=rid, url=f"http://{rid}", kv_capacity_tokens=1500, healthy=True, models=("m",)), 0.0)

@@ -9,7 +9,7 @@ from services.router.core.state import RouterCore
 
 
 def core(lend: bool) -> RouterCore:
-    c = RouterCore(CoreConfig(gating=True, fast_admit=True, target_utilisation=1.0, lend=lend))
+    c = RouterCore(CoreConfig(gating=True, fast_admit="cache", target_utilisation=1.0, lend=lend))
     c.upsert_replica(Replica(id="r0", url="http://r0", kv_capacity_tokens=1500, healthy=True, models=("m",)), 0.0)
     assert c.arrive(0.0, NewRequest("q0", "a", "A", False, 1000, 100, "m")) is not None  # fast admit: a's room
     assert c.arrive(0.0, NewRequest("q1", "b", "A", False, 1000, 100, "m")) is None  # no room: held

@@ -16,7 +16,7 @@ from services.router.core.state import RouterCore
 
 
 def core(hold_limit: Callable[[int], float] | None, over_capacity: float = 1.0) -> RouterCore:
-    c = RouterCore(CoreConfig(gating=True, fast_admit=True, target_utilisation=1.0),
+    c = RouterCore(CoreConfig(gating=True, fast_admit="cache", target_utilisation=1.0),
                    hold_limit=hold_limit, over_capacity=over_capacity)
     c.upsert_replica(Replica(id="r0", url="http://r0", kv_capacity_tokens=1500, healthy=True, models=("m",)), 0.0)
     return c
