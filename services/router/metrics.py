@@ -51,6 +51,14 @@ class _StateCollector(Collector):
         yield cap
         yield GaugeMetricFamily("tao_router_planner_silent", "1 while the local fallback policy admits.",
                                 value=1.0 if core.config.gating and self._rt.planner_silent() else 0.0)
+        unplanned = CounterMetricFamily(
+            "tao_router_unplanned_admissions", "Pool sessions the router core admitted without a plan: at "
+            "their request's arrival when nothing contended (CoreConfig.fast_admit), over capacity after "
+            "their hold limit, or forced after the force-resume bound.", labels=["reason"])
+        unplanned.add_metric(["arrival"], core.fast_admits)
+        unplanned.add_metric(["over_capacity"], core.over_capacity_admits)
+        unplanned.add_metric(["force"], core.force_admits)
+        yield unplanned
         fleet = self._rt.fleet
         if fleet is not None:  # fleet mode (fleet.py)
             yield GaugeMetricFamily("tao_router_fleet_member", "1 while this router's member lease is valid.",

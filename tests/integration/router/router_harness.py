@@ -45,6 +45,12 @@ class Router:
         await self.rt.store.flush()
 
 
+#: a gating policy without admission at arrival (CoreConfig.fast_admit ""): every request of a
+#: pool session waits for a plan, even one that nothing contends with, which ``tao`` would admit
+#: at once; for the tests of plans, holds and the local fallback
+PLANNED = "tao-hold"
+
+
 @contextlib.asynccontextmanager
 async def start_router(redis_url: str, replicas: list[str], **overrides: Any) -> AsyncIterator[Router]:
     values: dict[str, Any] = {

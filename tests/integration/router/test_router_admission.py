@@ -11,7 +11,7 @@ import time
 import aiohttp
 import grpc
 import pytest
-from router_harness import MODEL, Router, start_router, wait_for
+from router_harness import MODEL, PLANNED, Router, start_router, wait_for
 
 from services.common import keys
 from services.common.records import AllocationRecord, AssignmentRecord, PlanRecord, SessionRecord, dump, load
@@ -46,7 +46,7 @@ def replica_ids(router: Router) -> list[str]:
 
 
 async def test_plans_are_fenced_by_epoch_and_revision(redis_url: str, sims: list[RunningSim]) -> None:
-    async with start_router(redis_url, [s.base_url for s in sims], plan_stale_s=60.0) as router, \
+    async with start_router(redis_url, [s.base_url for s in sims], policy=PLANNED, plan_stale_s=60.0) as router, \
             aiohttp.ClientSession(timeout=TIMEOUT) as http:
         r0, r1 = replica_ids(router)
         await publish_plan(router, "planner-A", 1, {})  # a live planner: no local fallback
@@ -92,7 +92,7 @@ async def test_a_request_the_plan_holds_outlasts_the_hold_timeout_up_to_its_boun
         redis_url: str, sims: list[RunningSim]) -> None:
     """A paused / not yet admitted session under a live planner is held on purpose: past the short
     hold_timeout_s, until plan_hold_timeout_s; then 503 + Retry-After."""
-    async with start_router(redis_url, [sims[0].base_url], plan_stale_s=60.0, hold_timeout_s=0.3,
+    async with start_router(redis_url, [sims[0].base_url], policy=PLANNED, plan_stale_s=60.0, hold_timeout_s=0.3,
                             plan_hold_timeout_s=1.5, plan_hold_tool_factor=0.0,
                             retry_after_s=7) as router, aiohttp.ClientSession(timeout=TIMEOUT) as http:
         await publish_plan(router, "planner-A", 1, {})
@@ -115,7 +115,7 @@ async def test_a_request_the_plan_holds_outlasts_the_hold_timeout_up_to_its_boun
 
 async def test_a_request_held_by_the_plan_is_admitted_long_after_the_hold_timeout(
         redis_url: str, sims: list[RunningSim]) -> None:
-    async with start_router(redis_url, [sims[0].base_url], plan_stale_s=60.0, hold_timeout_s=0.3) as router, \
+    async with start_router(redis_url, [sims[0].base_url], policy=PLANNED, plan_stale_s=60.0, hold_timeout_s=0.3) as router, \
             aiohttp.ClientSession(timeout=TIMEOUT) as http:
         assert router.rt.settings.plan_hold_timeout_s == 1800.0  # the default
         await publish_plan(router, "planner-A", 1, {})
@@ -132,7 +132,7 @@ async def test_a_request_nothing_can_serve_gets_503_after_the_hold_timeout(
         redis_url: str, sims: list[RunningSim]) -> None:
     """Planner silent and the local fallback failing: no live plan, so the short timeout applies
     although the plan hold bound is long."""
-    async with start_router(redis_url, [sims[0].base_url], plan_stale_s=0.3, hold_timeout_s=0.5,
+    async with start_router(redis_url, [sims[0].base_url], policy=PLANNED, plan_stale_s=0.3, hold_timeout_s=0.5,
                             retry_after_s=3) as router, aiohttp.ClientSession(timeout=TIMEOUT) as http:
         def broken(snapshot: object) -> object:
             raise RuntimeError("fallback policy down")
@@ -147,8 +147,27 @@ async def test_a_request_nothing_can_serve_gets_503_after_the_hold_timeout(
         assert 0.45 < time.monotonic() - started < 3
 
 
+async def test_tao_admits_a_request_nothing_contends_with_at_its_arrival(
+        redis_url: str, sims: list[RunningSim]) -> None:
+    """``tao`` (CoreConfig.fast_admit "cache"): with a live planner that has planned nothing for
+    it, a lone session's request is admitted by the router at once, not held for a plan."""
+    async with start_router(redis_url, [s.base_url for s in sims], plan_stale_s=60.0) as router, \
+            aiohttp.ClientSession(timeout=TIMEOUT) as http:
+        assert router.rt.policy.name == "tao" and router.rt.core.config.fast_admit == "cache"
+        await publish_plan(router, "planner-A", 1, {})  # a live planner: no local fallback
+        await wait_for(lambda: router.rt.plans.applied == 1 and not router.rt.planner_silent(), "first plan")
+        resp = await asyncio.wait_for(post(http, router, "lone"), 10)
+        assert resp.status == 200 and router.rt.core.fast_admits == 1
+        assert router.rt.core.sessions["lone"].admitted and router.rt.fallback_runs == 0
+        resp = await asyncio.wait_for(post(http, router, "lone"), 10)  # its next turn: still admitted
+        assert resp.status == 200 and router.rt.core.fast_admits == 1
+        async with http.get(router.url + "/metrics") as m:
+            text = await m.text()
+        assert 'tao_router_unplanned_admissions_total{reason="arrival"} 1.0' in text
+
+
 async def test_local_fallback_admits_when_the_planner_goes_silent(redis_url: str, sims: list[RunningSim]) -> None:
-    async with start_router(redis_url, [s.base_url for s in sims], plan_stale_s=0.5) as router, \
+    async with start_router(redis_url, [s.base_url for s in sims], policy=PLANNED, plan_stale_s=0.5) as router, \
             aiohttp.ClientSession(timeout=TIMEOUT) as http:
         await publish_plan(router, "planner-A", 1, {})
         await wait_for(lambda: not router.rt.planner_silent(), "planner alive")
@@ -262,7 +281,7 @@ async def test_admin_rpcs_and_status_codes(redis_url: str, sims: list[RunningSim
 async def test_model_time_scale_applies_to_timeouts_and_records(redis_url: str, sims: list[RunningSim]) -> None:
     """Model time (docs/architecture.md#model-time): with time_scale 10 a 5 model-second plan hold bound is 0.5 wall seconds and the
     timestamps the router shares are model Unix seconds (time.time() x 10)."""
-    async with start_router(redis_url, [sims[0].base_url], time_scale=10.0, plan_stale_s=600.0,
+    async with start_router(redis_url, [sims[0].base_url], policy=PLANNED, time_scale=10.0, plan_stale_s=600.0,
                             hold_timeout_s=3.0, plan_hold_timeout_s=5.0, plan_hold_tool_factor=0.0) as router, \
             aiohttp.ClientSession(timeout=TIMEOUT) as http:
         now_model = time.time() * 10

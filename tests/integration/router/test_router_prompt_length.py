@@ -17,7 +17,7 @@ import pytest
 import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from router_harness import MODEL, Router, start_router, wait_for
+from router_harness import MODEL, PLANNED, Router, start_router, wait_for
 
 from services.common import keys
 from services.common.records import AssignmentRecord, PlanRecord, dump
@@ -59,7 +59,7 @@ async def held_estimate(router: Router, http: aiohttp.ClientSession, sid: str) -
 
 
 async def test_first_request_is_counted_by_the_replica(redis_url: str, sims: list[RunningSim]) -> None:
-    async with start_router(redis_url, [s.base_url for s in sims], plan_stale_s=60.0) as router, \
+    async with start_router(redis_url, [s.base_url for s in sims], policy=PLANNED, plan_stale_s=60.0) as router, \
             aiohttp.ClientSession(timeout=TIMEOUT) as http:
         await publish_empty_plan(router)  # a live planner that admits nothing: requests stay held
         async with http.post(sims[0].base_url + "/tokenize", json={k: BODY[k] for k in ("model", "messages", "tools")}) as r:
@@ -85,7 +85,7 @@ async def test_first_request_is_counted_by_the_replica(redis_url: str, sims: lis
 
 
 async def test_estimate_mode_never_asks(redis_url: str, sims: list[RunningSim]) -> None:
-    async with start_router(redis_url, [s.base_url for s in sims], plan_stale_s=60.0,
+    async with start_router(redis_url, [s.base_url for s in sims], policy=PLANNED, plan_stale_s=60.0,
                             prompt_length="estimate") as router, aiohttp.ClientSession(timeout=TIMEOUT) as http:
         await publish_empty_plan(router)
         estimate, task = await held_estimate(router, http, "s2")

@@ -11,7 +11,7 @@ import time
 
 import aiohttp
 import pytest
-from router_harness import MODEL, Router, start_router, wait_for
+from router_harness import MODEL, PLANNED, Router, start_router, wait_for
 
 from services.common import keys
 from services.common.records import AssignmentRecord, PlanRecord, PredictionRecord, dump
@@ -39,7 +39,7 @@ def cli_args(r: Router, **extra: object) -> argparse.Namespace:
 
 async def test_explain_a_held_then_admitted_session(redis_url: str, sims: list[RunningSim],
                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    async with start_router(redis_url, [s.base_url for s in sims], plan_stale_s=60.0) as router, \
+    async with start_router(redis_url, [s.base_url for s in sims], policy=PLANNED, plan_stale_s=60.0) as router, \
             aiohttp.ClientSession(timeout=TIMEOUT) as http:
         r0 = sorted(router.rt.core.replicas)[0]
         await publish_plan(router, 1, {})  # a live planner that admits nothing yet

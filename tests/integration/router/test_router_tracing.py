@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from router_harness import MODEL, start_router, wait_for
+from router_harness import MODEL, PLANNED, start_router, wait_for
 
 pytest.importorskip("opentelemetry.sdk.trace")
 
@@ -52,7 +52,7 @@ def _by_name(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
 async def test_held_then_admitted_request_span_tree(redis_url: str, exporter: InMemorySpanExporter,
                                                     traced_sim: tuple[RunningSim, list[dict[str, str]]]) -> None:
     sim, seen = traced_sim
-    async with start_router(redis_url, [sim.base_url], plan_stale_s=60.0, hold_timeout_s=0.3) as router, \
+    async with start_router(redis_url, [sim.base_url], policy=PLANNED, plan_stale_s=60.0, hold_timeout_s=0.3) as router, \
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
         await publish_plan(router, "planner-A", 1, {})  # a live planner that admits nobody yet
         await wait_for(lambda: not router.rt.planner_silent(), "planner alive")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import aiohttp
 import grpc
-from router_harness import MODEL, start_router, wait_for
+from router_harness import MODEL, PLANNED, start_router, wait_for
 
 from services.common.settings import load_settings
 from services.common.testing import serve_in_process
@@ -22,7 +22,7 @@ async def test_planner_plans_admit_and_fallback_takes_over_when_it_stops(redis_u
                                                                          sims: list[RunningSim]) -> None:
     planner_settings = load_settings(PlannerSettings, redis_url=redis_url, port=0, tick_s=0.2, debounce_s=0.01)
     planner = PlannerApp(planner_settings)
-    async with start_router(redis_url, [s.base_url for s in sims], plan_stale_s=1.0) as router, \
+    async with start_router(redis_url, [s.base_url for s in sims], policy=PLANNED, plan_stale_s=1.0) as router, \
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
         async with serve_in_process("planner", planner, planner_settings):
             assert planner.service is not None
