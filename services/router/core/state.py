@@ -324,7 +324,9 @@ class RouterCore:
             able = [rid for rid, free in room.items() if free - TA_BUFFER_PER_PROGRAM * programs[rid] >= need]
             target = min(able, key=lambda rid: (self.used.get(rid, 0), rid), default=None)
         else:
-            home = s.replica if s.replica in room else self._last_used_replica(s, room)
+            home = s.replica if s.replica is not None else self._last_used_replica(s)
+            if home not in room:
+                home = None  # a new program, or its replica gone: the one with the most room
             if rule == "home-only" and home is None:
                 home = min(room, key=lambda rid: (-room[rid], rid), default=None)
             if home is not None and s.footprint_tokens <= room[home]:
@@ -338,10 +340,10 @@ class RouterCore:
             self.fast_admits += 1
 
     @staticmethod
-    def _last_used_replica(s: Session, among: dict[str, int]) -> str | None:
-        """The replica of ``s``'s newest usage evidence among ``among`` (Continuum's home; KV-event
-        evidence left out, as ``services.planner.core.continuum.last_replica`` does)."""
-        usage = [e for e in s.cache if e.kind != "kv_events" and e.replica in among]
+    def _last_used_replica(s: Session) -> str | None:
+        """The replica of ``s``'s newest usage evidence (Continuum's home; KV-event evidence left
+        out, as ``services.planner.core.continuum.last_replica`` does)."""
+        usage = [e for e in s.cache if e.kind != "kv_events"]
         return max(usage, key=lambda e: (e.observed_at_s, e.replica)).replica if usage else None
 
     def _admit_over_capacity(self, now_s: float) -> None:
