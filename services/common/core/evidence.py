@@ -16,6 +16,7 @@ no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import cast
 
@@ -63,3 +64,12 @@ class CacheEvidence:
 
 
 __all__ = ["CacheEvidence"]
+
+
+def last_used_replica(evidence: Iterable[CacheEvidence]) -> str | None:
+    """The replica of the newest usage observation among ``evidence`` (where the session's last
+    request ran), or None. KV-event evidence is left out: a replica can hold a session's shared
+    prefix without ever having served it. Continuum's home replica, read by its planner port and
+    by the router core's arrival rule."""
+    usage = [e for e in evidence if e.kind != "kv_events"]
+    return max(usage, key=lambda e: (e.observed_at_s, e.replica)).replica if usage else None

@@ -77,6 +77,7 @@ from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 
+from services.common.core.evidence import last_used_replica
 from services.planner.core.model import Assignment, Plan, SessionState, Snapshot
 from services.planner.core.policy import (
     PlanCounter,
@@ -394,12 +395,8 @@ class ContinuumPolicy:
 
 def last_replica(s: SessionState) -> str | None:
     """The replica ``s``'s last request ran on: its replica while admitted, else its newest usage
-    observation (a pool session's ``replica`` is cleared when it is paused; KV-event evidence is
-    left out, since a replica can hold a session's shared prefix without ever having served it)."""
-    if s.replica is not None:
-        return s.replica
-    usage = [c for c in s.credits if c.kind != "kv_events"]
-    return max(usage, key=lambda c: (c.observed_at_s, c.replica)).replica if usage else None
+    observation (a pool session's ``replica`` is cleared when it is paused; ``last_used_replica``)."""
+    return s.replica if s.replica is not None else last_used_replica(s.credits)
 
 
 def _home_or_roomiest(home: str | None, able: list[str], room: dict[str, int]) -> str | None:

@@ -44,6 +44,7 @@ per model over the replicas serving it, and best fit picks the roomiest serving 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from services.planner.core.model import Assignment, Plan, ReplicaState, SessionState, Snapshot
@@ -180,6 +181,18 @@ class ThunderAgentPolicy:
         return out
 
 
+def select_backend_for_new_program(tokens: int, backends: Iterable[tuple[str, float, float, int]],
+                                   buffer: int = BUFFER_PER_PROGRAM) -> str | None:
+    """ThunderAgent's ``_select_backend_for_new_program``: among ``backends`` (id, capacity,
+    active program tokens, programs) the one with the fewest active tokens whose remaining
+    capacity (capacity − active − ``buffer`` per program) holds ``tokens`` plus one buffer; None
+    when none does. The plan's ledger and the router core's arrival rule
+    (``CoreConfig.fast_admit`` "new-program") both place by it."""
+    fits = [(active, rid) for rid, capacity, active, programs in backends
+            if capacity - active - buffer * programs >= tokens + buffer]
+    return min(fits)[1] if fits else None
+
+
 class _Ledger:
     """ThunderAgent's per-replica token accounting for one plan call."""
 
@@ -218,11 +231,12 @@ class _Ledger:
         return {rid: int(self.capacity[rid] - self.used(rid, decayed)) for rid in self.capacity}
 
     def least_active_with_room(self, s: SessionState) -> str | None:
-        rem = self.remaining()
-        fits = [rid for rid in self.capacity
-                if rem[rid] >= s.footprint_tokens + self.cfg.buffer_tokens and self.replicas[rid].serves(s)]
-        return min(fits, key=lambda rid: (self.used(rid) - self.cfg.buffer_tokens * len(self.programs[rid]), rid),
-                   default=None)
+        buf = self.cfg.buffer_tokens
+        return select_backend_for_new_program(
+            s.footprint_tokens,
+            ((rid, self.capacity[rid], self.used(rid) - buf * len(self.programs[rid]), len(self.programs[rid]))
+             for rid in self.capacity if self.replicas[rid].serves(s)),
+            buf)
 
     def pause_until_safe(self) -> list[str]:
         out: list[str] = []

@@ -22,10 +22,11 @@ from dataclasses import replace
 from typing import TypedDict
 
 from services.budget.core.model import may_admit
+from services.common.core.evidence import last_used_replica
 from services.common.vocabulary import Phase
 from services.planner.core.model import Snapshot
 from services.planner.core.policy import Policy
-from services.planner.core.thunderagent import BUFFER_PER_PROGRAM as TA_BUFFER_PER_PROGRAM
+from services.planner.core.thunderagent import select_backend_for_new_program
 from services.router.core import plans
 from services.router.core.cache import decayed_credit, drop_replica, observe_kv, observe_usage
 from services.router.core.footprint import footprint_tokens, observe_request
@@ -316,35 +317,29 @@ class RouterCore:
                     for rid, free in room.items() if s.footprint_tokens <= free]
             target = min(keys)[3] if keys else None
         elif rule == "new-program":
-            programs = dict.fromkeys(room, 0)
-            for o in self.sessions.values():
-                if o.admitted and o.replica in programs:
-                    programs[o.replica] += 1
-            need = s.footprint_tokens + TA_BUFFER_PER_PROGRAM
-            able = [rid for rid, free in room.items() if free - TA_BUFFER_PER_PROGRAM * programs[rid] >= need]
-            target = min(able, key=lambda rid: (self.used.get(rid, 0), rid), default=None)
+            programs = self._admitted_per_replica(room)
+            target = select_backend_for_new_program(
+                s.footprint_tokens, ((rid, self.capacity(rid), self.used.get(rid, 0), programs[rid]) for rid in room))
         else:
-            home = s.replica if s.replica is not None else self._last_used_replica(s)
-            if home not in room:
-                home = None  # a new program, or its replica gone: the one with the most room
-            if rule == "home-only" and home is None:
-                home = min(room, key=lambda rid: (-room[rid], rid), default=None)
-            if home is not None and s.footprint_tokens <= room[home]:
+            home = s.replica if s.replica is not None else last_used_replica(s.cache)
+            if home in room and s.footprint_tokens <= room[home]:
                 target = home
-            elif rule == "home":
-                able = [rid for rid, free in room.items() if s.footprint_tokens <= free]
-                target = min(able, key=lambda rid: (-room[rid], rid), default=None)
+            elif rule == "home" or home not in room:  # home-only: a new program, or its replica gone
+                roomiest = min(room, key=lambda rid: (-room[rid], rid), default=None)
+                if roomiest is not None and s.footprint_tokens <= room[roomiest]:
+                    target = roomiest
         if target is not None:
             self._admit(s, target, now_s)
             self.last_reject.pop(s.id, None)
             self.fast_admits += 1
 
-    @staticmethod
-    def _last_used_replica(s: Session) -> str | None:
-        """The replica of ``s``'s newest usage evidence (Continuum's home; KV-event evidence left
-        out, as ``services.planner.core.continuum.last_replica`` does)."""
-        usage = [e for e in s.cache if e.kind != "kv_events"]
-        return max(usage, key=lambda e: (e.observed_at_s, e.replica)).replica if usage else None
+    def _admitted_per_replica(self, replicas: Iterable[str]) -> dict[str, int]:
+        """How many sessions are admitted on each of ``replicas``."""
+        admitted = dict.fromkeys(replicas, 0)
+        for o in self.sessions.values():
+            if o.admitted and o.replica in admitted:
+                admitted[o.replica] += 1
+        return admitted
 
     def _admit_over_capacity(self, now_s: float) -> None:
         """``hold_limit``: a pool session whose held request has waited its limit is admitted on
@@ -402,10 +397,7 @@ class RouterCore:
             usable = [rep.id for rep in self.replicas.values() if self._can_take(rep, s)]
             if not usable:
                 continue
-            admitted = dict.fromkeys(usable, 0)
-            for o in self.sessions.values():
-                if o.admitted and o.replica in admitted:
-                    admitted[o.replica] += 1
+            admitted = self._admitted_per_replica(usable)
             target = min(usable, key=lambda rid: (-self._credit_on(s, rid, now_s), admitted[rid], rid))
             self._admit(s, target, now_s)
             self.last_reject[s.id] = "admitted whatever the capacity: held past the force-admit bound"
