@@ -63,9 +63,6 @@ class CacheEvidence:
                    cached_tokens=0, processed_tokens=tokens if kind == "volume" else 0, observed_at_s=observed_at_s)
 
 
-__all__ = ["CacheEvidence"]
-
-
 def last_used_replica(evidence: Iterable[CacheEvidence]) -> str | None:
     """The replica of the newest usage observation among ``evidence`` (where the session's last
     request ran), or None. KV-event evidence is left out: a replica can hold a session's shared
@@ -73,3 +70,6 @@ def last_used_replica(evidence: Iterable[CacheEvidence]) -> str | None:
     by the router core's arrival rule."""
     usage = [e for e in evidence if e.kind != "kv_events"]
     return max(usage, key=lambda e: (e.observed_at_s, e.replica)).replica if usage else None
+
+
+__all__ = ["CacheEvidence", "last_used_replica"]
