@@ -25,6 +25,7 @@ runs every registered name through the same invariants.
 | tao-ttl-q        | yes   | as tao-ttl, plus the pool waits of the sessions it reclaimed | as tao-ttl, with Continuum's queueing term T·η in the TTL's benefit | tao lever (arXiv 2511.02230 §4.2) |
 | tao-ttl-long     | yes   | as tao-ttl                                   | as tao-ttl, only from tools predicted to run ≥ 10 s more | tao lever |
 | tao-ttl-turn     | yes   | as tao                                       | the same policy as tao (the lever's name before it was shipped) | tao lever, shipped |
+| tao-borrow       | yes   | as tao                                       | as tao, and only a left-out session whose own predicted turn on the replica ends before every tool reclaimable there returns may take the reclaimed tokens | tao lever (the turn bound for every borrower) |
 | tao-idle         | yes   | as tao, plus which sessions run a request per replica | as tao, and the turn bound is waived on a replica where no admitted session runs a request | tao lever (a GPU idle through short tools) |
 | tao-hold-cost    | yes   | as tao-reclaim, plus how long left-out sessions were held and context tokens | as tao-reclaim, and once a held session has waited the prefill time of an ACTING incumbent's context, that incumbent's reservation may be taken even if its tool is predicted back | tao lever (ski rental: hold vs recompute) |
 | tao-overcommit   | yes   | as tao                                       | as tao, and the router admits a pool session whose request was held as long as its prompt's prefill takes, over capacity (≤ 1.4×), into the reservations of sessions idle at least as long as their own prefill | tao lever (ski rental: hold vs recompute) |
@@ -47,7 +48,7 @@ from services.planner.core.continuum import ContinuumConfig, ContinuumPolicy
 from services.planner.core.fits import engine_fits
 from services.planner.core.policy import Policy
 from services.planner.core.routers import CacheAwarePolicy, LeastLoadedPolicy, RoundRobinPolicy
-from services.planner.core.tao import TAO, TAO_HOLD, TAO_IDLE, TAO_PAPER, TaoPolicy
+from services.planner.core.tao import TAO, TAO_BORROW, TAO_HOLD, TAO_IDLE, TAO_PAPER, TaoPolicy
 from services.planner.core.thunderagent import ThunderAgentPolicy
 from services.planner.core.values import ValueConfig
 
@@ -75,6 +76,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "tao-ttl": lambda: TaoPolicy("tao-ttl", replace(TAO_HOLD, ttl=True)),
     "tao-ttl-long": lambda: TaoPolicy("tao-ttl-long", replace(TAO_HOLD, ttl=True, ttl_min_remaining_s=10.0)),
     "tao-ttl-turn": lambda: TaoPolicy("tao-ttl-turn", TAO),  # the lever that became ``tao`` (2026-12-03)
+    "tao-borrow": lambda: TaoPolicy("tao-borrow", TAO_BORROW),
     "tao-idle": lambda: TaoPolicy("tao-idle", TAO_IDLE),
     "tao-hold-cost": lambda: TaoPolicy("tao-hold-cost", replace(TAO_HOLD, reclaim=True, hold_cost=True)),
     "tao-overcommit": lambda: TaoPolicy("tao-overcommit", replace(TAO_HOLD, overcommit=True)),

@@ -44,6 +44,7 @@ placed like BFD; pauses like ``tao-paper``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -159,7 +160,14 @@ class TaoConfig:
     reservation to a ready session left out even when its tool is predicted back before that
     session's turn would end. Its GPU would otherwise idle until the tool returns, while the ready
     session waits for a room that, where a few long contexts fill a replica, no short tool ever
-    frees; the incumbent then waits at most one turn."""
+    frees; the incumbent then waits at most one turn; ``borrow_bound``: with ``ttl_turn``, the
+    reclaimed tokens go only to ready sessions whose own predicted turn on that replica ends
+    before every tool reclaimable there is predicted to return (``TaoPolicy._reclaim``; the
+    ``tao-borrow`` lever, not shipped): without it the bound holds only for the shortest turn, and
+    the solve may admit any left-out session into the freed tokens (on 2-node SWE-lite c128, 195
+    of 287 borrowers had a predicted turn longer than a dropped tool's predicted remaining time);
+    with it, level with ``tao`` on the grid
+    (docs/benchmarks.md#the-turn-bound-for-every-borrower-2026-12-05-not-shipped)."""
 
     values: ValueConfig = FULL_VALUES
     placement: str = "dp"
@@ -183,6 +191,7 @@ class TaoConfig:
     lend: bool = False
     decode_model: DecodeStepFit = field(default_factory=DecodeStepFit)
     idle_reclaim: bool = False
+    borrow_bound: bool = False
 
 
 TAO_PAPER = TaoConfig(spread=True)
@@ -212,6 +221,12 @@ shortest predicted turn (``turn_s``) of the ready sessions left out on their rep
 dropped incumbents are paused, fewest first, readiness still ranking first (``TaoPolicy._reclaim``);
 and, since 2026-12-05, a session alone in the pool admitted by the router core at its request's
 arrival (``fast_admit``, ``CoreConfig.fast_admit`` "cache"; docs/algorithms.md#policies-tao-and-tao-paper)."""
+
+TAO_BORROW = replace(TAO, borrow_bound=True)
+"""``tao-borrow``: ``TAO`` whose reclaimed tokens go only to sessions whose own predicted turn ends
+before the tools reclaimed for them return (``borrow_bound``). Level with ``tao`` over four seeds
+of the fast grid and two of the full grid; not shipped
+(docs/benchmarks.md#the-turn-bound-for-every-borrower-2026-12-05-not-shipped)."""
 
 TAO_IDLE = replace(TAO, idle_reclaim=True)
 """``tao-idle``: ``TAO`` whose turn bound does not apply on a replica where no admitted session
@@ -526,10 +541,12 @@ class TaoPolicy:
 
         shortest_turn: list[float] = []
         idle: list[bool] = []
+        turns: dict[int, list[float]] = {}  # left-out row -> its predicted turn on each replica
         if cfg.ttl_turn:
             running, running_kv = running_load(snapshot, replicas, col)
-            shortest_turn = [min((turn_s(by_id[ids[i]], int(values.credit[i, j]), running[j], running_kv[j], cfg)
-                                  for i in left_out), default=0.0) for j in range(len(replicas))]
+            turns = {i: [turn_s(by_id[ids[i]], int(values.credit[i, j]), running[j], running_kv[j], cfg)
+                         for j in range(len(replicas))] for i in left_out}
+            shortest_turn = [min((turns[i][j] for i in left_out), default=0.0) for j in range(len(replicas))]
             # idle: no session admitted there runs a request (``running_kv`` sums their footprints:
             # the router's own, exact state; a replica's scraped running count can be a scrape
             # interval old)
@@ -573,6 +590,20 @@ class TaoPolicy:
         for k, s in enumerate(inc):
             own[k, col[s.replica or ""]] = True
         eligible[m_pool:] &= own
+        if cfg.ttl_turn and cfg.borrow_bound:
+            # a left-out session may use a replica's reclaimed tokens only if its turn there ends
+            # before the earliest predicted return among the tools reclaimable there (a tool without
+            # a fresh prediction bounds nothing); the first solve's admissions stay eligible, so
+            # the re-solve never admits fewer ready sessions than it did
+            soonest = [math.inf] * n
+            for s in inc:
+                if s.tool_return_s is not None:
+                    j = col[s.replica or ""]
+                    soonest[j] = min(soonest[j], s.tool_return_s - snapshot.now_s)
+            for i in left_out:
+                for j in range(n):
+                    if not idle[j] and turns[i][j] >= soonest[j]:
+                        eligible[i, j] = False
         incumbent = np.concatenate([np.zeros(m_pool, np.int64), np.ones(len(inc), np.int64)])
         # an incumbent whose hold has outweighed its recompute ranks as not ready: the waiting
         # session may take its place (readiness still ranks first among the rest)

@@ -195,6 +195,30 @@ def test_ttl_turn_takes_back_a_tool_only_if_it_outlasts_the_waiting_sessions_tur
     assert make_policy("tao-ttl-turn").plan(snap(None, now=102.0)).pauses == ("tool",)  # no prediction: cold-start TTL
 
 
+def test_tao_borrow_gives_reclaimed_tokens_only_to_a_session_whose_turn_ends_before_the_tool_returns() -> None:
+    # The tool (TTL run out) is predicted back in 5 s. Two ready 600-token sessions wait and only
+    # one fits once it is taken back: "long" has 550 new tokens (~8 s of decode) and cache credit
+    # on r0, so the solve prefers it; "short" has 50 (~0.8 s). The shortest turn lends, so tao's
+    # turn bound passes the tool, and its solve gives the tokens to "long", still running when
+    # the tool returns. tao-borrow gives them to a session that ends its turn first.
+    snap = Snapshot(101.0, (ReplicaState("r0", 1000, 700),), (
+        S("tool", 700, phase="ACTING", admitted=True, replica="r0", context_tokens=700,
+          acting_since_s=100.0, tool_return_s=106.0),
+        S("long", 600, ready=True, credit={"r0": 200}, phase="WAITING", context_tokens=50),
+        S("short", 600, ready=True, phase="WAITING", context_tokens=550),
+    ))
+    cfg = TaoConfig()
+    assert turn_s(snap.sessions[1], 200, 0, 0, cfg) > 6.0 > 5.0 > 1.0 > turn_s(snap.sessions[2], 0, 0, 0, cfg)
+    loose = make_policy("tao").plan(snap)
+    assert loose.pauses == ("tool",) and [a.session for a in loose.assignments] == ["long"]
+    plan = make_policy("tao-borrow").plan(snap)
+    assert plan.pauses == ("tool",) and [a.session for a in plan.assignments] == ["short"]
+    # no left-out session's turn ends in time: neither takes the tool back
+    slow = replace(snap, sessions=snap.sessions[:2])
+    assert make_policy("tao-borrow").plan(slow).pauses == ()
+    assert make_policy("tao").plan(slow).pauses == ()  # the shortest turn is "long"'s
+
+
 def test_ttl_long_takes_back_only_a_tool_predicted_to_run_long() -> None:
     # Both tools are past their TTL (700-token context: reload ~0.04 s, TTL 0).
     short = _ttl_snapshot(101.0, 700, 105.0)  # 4 s left
