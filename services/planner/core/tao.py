@@ -44,7 +44,6 @@ placed like BFD; pauses like ``tao-paper``.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -595,14 +594,14 @@ class TaoPolicy:
             # before the earliest predicted return among the tools reclaimable there (a tool without
             # a fresh prediction bounds nothing); the first solve's admissions stay eligible, so
             # the re-solve never admits fewer ready sessions than it did
-            soonest = [math.inf] * n
+            first: dict[int, tuple[float, SessionState]] = {}  # replica -> its tool predicted back first
             for s in inc:
-                if s.tool_return_s is not None:
-                    j = col[s.replica or ""]
-                    soonest[j] = min(soonest[j], s.tool_return_s - snapshot.now_s)
+                j = col[s.replica or ""]
+                if s.tool_return_s is not None and (j not in first or s.tool_return_s < first[j][0]):
+                    first[j] = (s.tool_return_s, s)
             for i in left_out:
-                for j in range(n):
-                    if not idle[j] and turns[i][j] >= soonest[j]:
+                for j, (_, lender) in first.items():
+                    if not idle[j] and not lends(lender, snapshot.now_s, turns[i][j]):
                         eligible[i, j] = False
         incumbent = np.concatenate([np.zeros(m_pool, np.int64), np.ones(len(inc), np.int64)])
         # an incumbent whose hold has outweighed its recompute ranks as not ready: the waiting
