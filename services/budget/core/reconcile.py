@@ -108,19 +108,29 @@ def transfer(
     decisions: list[Decision] = []
     free = {n: unused_slots(new[n], floors[n], observed.get(n)) for n in config.names}
 
-    # 1. settlement: slots a receiver already uses (vacated by its donors) become its own
+    # 1. settlement: slots a receiver already uses (vacated by its donors) become its own. A
+    # draining donor vacated only the slots between its limit and its cap (the router's rule,
+    # ``may_admit``), so those are settled first, each donor's from its own; only an overdraft
+    # they do not explain (in-flight counts reported between two admissions) takes other unused
+    # slots. Settling from the donor with the most free slots instead took more than a donor owed:
+    # a tenant draining one slot to its target lost two, below its target.
+    vacated = {n: max(0, new[n] - max(floors[n], prev_limits.get(n, new[n]),
+                                      observed[n].in_flight if n in observed else new[n]))
+               for n in config.names}
     for r in config.names:
         over = (observed[r].in_flight - new[r]) if r in observed else 0
-        for d in sorted(config.names, key=lambda n: (prev_limits.get(n, new[n]) >= new[n], -free[n], n)):
-            k = min(over, free[d]) if d != r else 0
-            if k <= 0:
-                continue
-            new[r] += k
-            new[d] -= k
-            free[d] -= k
-            over -= k
-            decisions.append(Decision("move", f"settle: {r} already runs {k} requests in slots {d} vacated",
-                                      to_tenant=r, from_tenant=d, slots=k))
+        for pool in (vacated, free):
+            for d in sorted(config.names, key=lambda n: (prev_limits.get(n, new[n]) >= new[n], -pool[n], n)):
+                k = min(over, pool[d], free[d]) if d != r else 0
+                if k <= 0:
+                    continue
+                new[r] += k
+                new[d] -= k
+                free[d] -= k
+                vacated[d] = max(0, vacated[d] - k)
+                over -= k
+                decisions.append(Decision("move", f"settle: {r} already runs {k} requests in slots {d} vacated",
+                                          to_tenant=r, from_tenant=d, slots=k))
 
     excess = {n: max(0, new[n] - targets[n]) for n in config.names}
 

@@ -384,3 +384,18 @@ def test_reconfiguration_keeps_the_sum_and_floors() -> None:
     assert sum(alloc.caps.values()) == 50 and set(alloc.caps) == {"B", "C"}
     assert alloc.caps["C"] >= 10 and alloc.limits["C"] >= 10
     assert alloc.decisions[0].reason.startswith("reconfigured: total 96->50")
+
+
+def test_a_draining_donor_settles_only_the_slots_it_owed() -> None:
+    """Two donors drain one slot each (limit one below cap) toward a receiver, which then runs
+    two requests in the slots they vacated. Each donor settles the one slot it owed: settling
+    both from the donor with the most free slots (c: 2 free, in flight 2) took c below its limit
+    and its target (the adversarial property test found it: c's cap 2 against a share of 3)."""
+    config = BudgetConfig(19, (TenantConfig("a", weight=2.0), TenantConfig("b", weight=2.0), TenantConfig("c")))
+    prev = Allocation(5, 19, {"a": 9, "b": 6, "c": 4}, {"a": 8, "b": 8, "c": 3}, "dynamic", 8.0)
+    obs = {"a": TenantObservation("a", 0, 8, 10.0), "b": TenantObservation("b", 1, 8, 10.0),
+           "c": TenantObservation("c", 0, 2, 10.0)}
+    alloc = make_policy("dynamic").reallocate(BudgetState(10.0, config, obs, prev))
+    settled = {d.from_tenant: d.slots for d in alloc.decisions if d.reason.startswith("settle")}
+    assert settled == {"a": 1, "c": 1}
+    assert alloc.caps["c"] >= 3 and alloc.caps["b"] >= 8 and sum(alloc.caps.values()) == 19
