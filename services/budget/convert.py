@@ -10,7 +10,7 @@ published as ``hold`` with the donor, receiver, slots and a reason starting ``dr
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from pydantic import Field
 
@@ -23,6 +23,7 @@ from services.budget.core import (
     TenantConfig,
     TenantObservation,
 )
+from services.common.core.ratelimit import RateLimit
 from services.common.errors import InvalidArgument
 from services.common.records import (
     AllocationRecord,
@@ -58,9 +59,12 @@ def config_from_proto(req: budget_pb2.ConfigureTenantsRequest) -> BudgetConfig:
             raise InvalidArgument(f"tenant {t.name!r}: floor and static_cap must be >= 0")
         if t.weight < 0 or not math.isfinite(t.weight) or not math.isfinite(t.p99_slo_s) or t.p99_slo_s < 0:
             raise InvalidArgument(f"tenant {t.name!r}: weight must be > 0 and p99_slo_s >= 0")
+        if t.rate_limit.rpm < 0 or t.rate_limit.tpm < 0:
+            raise InvalidArgument(f"tenant {t.name!r}: rate_limit.rpm and rate_limit.tpm must be >= 0")
         try:
             tenants.append(TenantConfig(t.name, int(t.floor), t.weight or 1.0, t.p99_slo_s or None,
-                                        int(t.static_cap) or None))
+                                        int(t.static_cap) or None,
+                                        RateLimit(int(t.rate_limit.rpm), int(t.rate_limit.tpm))))
         except BudgetConfigError as exc:
             raise InvalidArgument(str(exc)) from exc
     try:
@@ -73,14 +77,16 @@ def config_to_record(config: BudgetConfig, policy: str, epoch: str, rev: int) ->
     return BudgetConfigRecord(
         epoch=epoch, rev=rev, total_budget=config.total, policy=policy,
         tenants=tuple(TenantConfigRecord(name=t.name, floor=t.floor, weight=t.weight, p99_slo_s=t.p99_slo_s or 0.0,
-                                         static_cap=t.static_cap or 0) for t in config.tenants),
+                                         static_cap=t.static_cap or 0, rate_limit=t.rate_limit)
+                      for t in config.tenants),
     )
 
 
 def config_from_record(rec: BudgetConfigRecord) -> BudgetConfig:
     """Raises ``BudgetConfigError`` when the stored configuration is not valid any more."""
     return BudgetConfig(rec.total_budget, tuple(
-        TenantConfig(t.name, t.floor, t.weight, t.p99_slo_s or None, t.static_cap or None) for t in rec.tenants
+        TenantConfig(t.name, t.floor, t.weight, t.p99_slo_s or None, t.static_cap or None, t.rate_limit)
+        for t in rec.tenants
     ))
 
 
@@ -94,11 +100,14 @@ def _decision_record(d: Decision) -> DecisionRecord:
                           reason=d.reason)
 
 
-def allocation_to_record(alloc: Allocation, epoch: str, decided_at_unix_s: float) -> BudgetAllocationRecord:
+def allocation_to_record(alloc: Allocation, epoch: str, decided_at_unix_s: float,
+                         rate_limits: Mapping[str, RateLimit]) -> BudgetAllocationRecord:
+    """``rate_limits``: the configuration's (``BudgetConfig.rate_limits``), published with every
+    allocation so that the routers apply them."""
     return BudgetAllocationRecord(
         epoch=epoch, rev=alloc.revision, total=alloc.total, caps=dict(alloc.caps), policy=alloc.policy,
         decisions=tuple(_decision_record(d) for d in alloc.decisions), decided_at_unix_s=decided_at_unix_s,
-        limits=dict(alloc.limits), targets=dict(alloc.targets), computed_at_s=alloc.computed_at_s, **alloc.memory(),
+        limits=dict(alloc.limits), rate_limits=dict(rate_limits), targets=dict(alloc.targets), computed_at_s=alloc.computed_at_s, **alloc.memory(),
     )
 
 
@@ -118,6 +127,7 @@ def allocation_to_proto(rec: AllocationRecord) -> budget_pb2.Allocation:
         revision=common_pb2.Revision(epoch=rec.epoch, revision=rec.rev),
         total=rec.total, caps=rec.caps, limits=rec.limits or rec.caps, policy=rec.policy,
         decided_at_unix_s=rec.decided_at_unix_s,
+        rate_limits={t: budget_pb2.RateLimit(rpm=r.rpm, tpm=r.tpm) for t, r in rec.rate_limits.items()},
         decisions=[budget_pb2.Decision(kind=d.kind, to_tenant=d.to_tenant, from_tenant=d.from_tenant,
                                        slots=d.slots, reason=d.reason) for d in rec.decisions],
     )

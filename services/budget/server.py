@@ -89,24 +89,27 @@ def build_app(settings: Settings) -> ServiceApp:
     return BudgetApp(settings)
 
 
+TENANT_FORM = "NAME[:FLOOR[:WEIGHT[:RPM[:TPM]]]]"
+
+
 def _tenant(spec: str) -> TenantSpec:
-    """NAME[:FLOOR[:WEIGHT]]"""
+    """NAME[:FLOOR[:WEIGHT[:RPM[:TPM]]]] (an empty field keeps its default: ``A::::200000``)."""
     parts = spec.split(":")
-    if not parts[0] or len(parts) > 3:
-        raise argparse.ArgumentTypeError(f"expected NAME[:FLOOR[:WEIGHT]], got {spec!r}")
+    if not parts[0] or len(parts) > 5:
+        raise argparse.ArgumentTypeError(f"expected {TENANT_FORM}, got {spec!r}")
+    parts += [""] * (5 - len(parts))
     try:
-        floor = int(parts[1]) if len(parts) > 1 else 0
-        weight = float(parts[2]) if len(parts) > 2 else 1.0
-    except ValueError as exc:
+        return TenantSpec(name=parts[0], floor=int(parts[1] or 0), weight=float(parts[2] or 1.0),
+                          rpm=int(parts[3] or 0), tpm=int(parts[4] or 0))
+    except ValueError as exc:  # int()/float(), and pydantic's ValidationError (a ValueError)
         raise argparse.ArgumentTypeError(f"bad tenant {spec!r}: {exc}") from exc
-    return TenantSpec(name=parts[0], floor=floor, weight=weight)
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tick-s", type=float, default=None, help="reallocation period (default 2 s)")
     parser.add_argument("--policy", default=None, help="static | dynamic")
     parser.add_argument("--total-budget", type=int, default=None, help="B, when no configuration is stored")
-    parser.add_argument("--tenant", action="append", type=_tenant, default=None, metavar="NAME[:FLOOR[:WEIGHT]]",
+    parser.add_argument("--tenant", action="append", type=_tenant, default=None, metavar=TENANT_FORM,
                         help="a tenant (repeat), when no configuration is stored")
 
 

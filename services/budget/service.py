@@ -233,7 +233,7 @@ class BudgetService:
 
     async def _publish(self, alloc: Allocation, now_s: float) -> None:
         assert self.config is not None
-        rec = allocation_to_record(alloc, self.epoch, self.to_unix(now_s))
+        rec = allocation_to_record(alloc, self.epoch, self.to_unix(now_s), self.config.rate_limits)
         self.allocation, self.record = alloc, rec
         self._count(alloc)
         body = rec.model_dump_json()

@@ -13,11 +13,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import SettingsConfigDict
 
 from services.budget.core import POLICIES, BudgetConfig, BudgetConfigError, DynamicParams, TenantConfig
+from services.common.core.ratelimit import RateLimit
 from services.common.settings import LeaderElectionSettings
 
 
 class TenantSpec(BaseModel):
-    """One tenant as written in a config file (same fields as the proto ``TenantConfig``)."""
+    """One tenant as written in a config file (the fields of the proto ``TenantConfig``, its
+    ``rate_limit`` as ``rpm`` and ``tpm``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -26,6 +28,8 @@ class TenantSpec(BaseModel):
     weight: float = Field(default=1.0, gt=0.0)
     p99_slo_s: float = Field(default=0.0, ge=0.0, description="0: no SLO")
     static_cap: int = Field(default=0, ge=0, description="0: weighted split under the static policy")
+    rpm: int = Field(default=0, ge=0, description="requests per minute, enforced by every router (0: none)")
+    tpm: int = Field(default=0, ge=0, description="tokens per minute, enforced by every router (0: none)")
 
 
 class Settings(LeaderElectionSettings):
@@ -78,7 +82,8 @@ class Settings(LeaderElectionSettings):
             return None
         try:
             return BudgetConfig(self.total_budget, tuple(
-                TenantConfig(t.name, t.floor, t.weight, t.p99_slo_s or None, t.static_cap or None)
+                TenantConfig(t.name, t.floor, t.weight, t.p99_slo_s or None, t.static_cap or None,
+                             RateLimit(t.rpm, t.tpm))
                 for t in self.tenants
             ))
         except BudgetConfigError as exc:

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from services.common.core.evidence import CacheEvidence
+from services.common.core.ratelimit import NO_LIMIT, RateLimit
 from services.common.vocabulary import DEFAULT_BLOCK_SIZE, Phase
 
 
@@ -206,6 +207,9 @@ class AllocationRecord(Record):
     policy: str
     decisions: tuple[DecisionRecord, ...] = ()
     decided_at_unix_s: float
+    #: the tenants configured with rate limits (``BudgetService.ConfigureTenants``); every router
+    #: applies them ahead of its own limits for those tenants
+    rate_limits: dict[str, RateLimit] = Field(default_factory=dict)
 
 
 class TenantConfigRecord(BaseModel):
@@ -216,6 +220,7 @@ class TenantConfigRecord(BaseModel):
     weight: float = Field(default=1.0, gt=0.0)
     p99_slo_s: float = Field(default=0.0, ge=0.0)
     static_cap: int = Field(default=0, ge=0)
+    rate_limit: RateLimit = NO_LIMIT
 
 
 class BudgetConfigRecord(Record):

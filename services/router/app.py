@@ -176,8 +176,10 @@ class Gateway:
                                type_="NotFoundError")
         parsed = await self._prompt_length(parsed, session_id, chat)
         check_context(parsed, rt.max_model_len(parsed.model))
-        limits = {**self.base_limits, **self.auth.limits} if isinstance(self.auth, ReloadingAuthenticator) \
-            else self.base_limits
+        # per tenant: the budget's (ConfigureTenants, the same on every router) over the keys file's
+        # over the settings'; "*" from the router's own configuration covers every tenant not named
+        limits = {**self.base_limits, **(self.auth.limits if isinstance(self.auth, ReloadingAuthenticator) else {}),
+                  **rt.budget_limits}
         if limits:
             decision, rate_headers = await admit(self.limiter, limits, tenant, parsed.prompt_tokens_estimate,
                                                  parsed.max_tokens, self.settings.default_output_tokens,

@@ -42,8 +42,9 @@ from typing import Any
 
 import yaml
 
+from services.common.core.ratelimit import RateLimit
 from services.common.errors import StartupError
-from services.router.core.ratelimit import RateLimit, parse_limits
+from services.router.core.ratelimit import parse_limits
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 16384, 8, 1
 

@@ -24,7 +24,8 @@ from redis.exceptions import RedisError
 
 from services.common import keys
 from services.common.aio import within
-from services.router.core.ratelimit import WINDOW_US, RateDecision, RateLimit, gcra, limit_for, token_cost
+from services.common.core.ratelimit import RateLimit
+from services.router.core.ratelimit import WINDOW_US, RateDecision, gcra, limit_for, token_cost
 
 # KEYS[1] the tenant's hash; ARGV: now_us, window_us, rpm, tpm, cost
 # returns {allowed, exceeded, level_requests_us, level_tokens_us, retry_after_us}

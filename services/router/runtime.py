@@ -30,6 +30,7 @@ from redis.exceptions import RedisError
 from services.common import keys
 from services.common.aio import reraise_if_cancelling, stop_tasks, wait_event, within
 from services.common.bootstrap import ServiceContext
+from services.common.core.ratelimit import RateLimit
 from services.common.epoch import RevisionCounter
 from services.common.errors import DomainError
 from services.common.records import (
@@ -140,6 +141,9 @@ class RouterRuntime:
         #: longest tool call seen (model s): a session's next request after its previous one ended
         self.longest_tool_s = 0.0
         self.last_plan: PlanRecord | None = None
+        #: the rate limits the budget service publishes with its allocation (ConfigureTenants):
+        #: ahead of this router's own (keys file, settings) for the tenants they name
+        self.budget_limits: dict[str, RateLimit] = {}
         self.fallback_runs = 0
         #: kv_events credit from the replicas' KV-event publishers (None: none configured)
         self.kv: KvCredit | None = None
@@ -428,6 +432,7 @@ class RouterRuntime:
             self.pump()
 
     def _apply_allocation(self, rec: AllocationRecord) -> None:
+        self.budget_limits = dict(rec.rate_limits)
         if self.fleet is not None:
             self.fleet.set_budget_caps(rec.caps)  # the core admits within its slots (_fleet_caps)
             return

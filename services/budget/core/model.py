@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
+from services.common.core.ratelimit import NO_LIMIT, RateLimit
+
 DecisionKind = Literal["move", "drain", "hold"]
 
 
@@ -49,13 +51,15 @@ def _frozen_map(values: Mapping[str, int]) -> Mapping[str, int]:
 class TenantConfig:
     """One tenant. ``floor`` slots are never reallocated away; ``weight`` (> 0) scales its
     fair share; ``p99_slo_s`` is its latency objective (None: none); ``static_cap`` is its
-    cap under the static policy (None: weighted split)."""
+    cap under the static policy (None: weighted split); ``rate_limit`` its requests and tokens
+    per minute, which the controller only carries to the routers with each allocation."""
 
     name: str
     floor: int = 0
     weight: float = 1.0
     p99_slo_s: float | None = None
     static_cap: int | None = None
+    rate_limit: RateLimit = NO_LIMIT
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.strip():
@@ -110,6 +114,11 @@ class BudgetConfig:
     def names(self) -> tuple[str, ...]:
         """Tenant names in a fixed (sorted) order; every loop in the core uses it."""
         return tuple(sorted(t.name for t in self.tenants))
+
+    @property
+    def rate_limits(self) -> dict[str, RateLimit]:
+        """The tenants configured with a rate limit, and it (published with every allocation)."""
+        return {t.name: t.rate_limit for t in self.tenants if t.rate_limit.active}
 
     def tenant(self, name: str) -> TenantConfig:
         for t in self.tenants:

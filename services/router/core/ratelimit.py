@@ -23,27 +23,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from services.common.core.ratelimit import NO_LIMIT, RateLimit
+
 WINDOW_S = 60.0
 WINDOW_US = 60_000_000
 REQUESTS = "requests"
 TOKENS = "tokens"
-
-
-@dataclass(frozen=True, slots=True)
-class RateLimit:
-    rpm: int = 0
-    tpm: int = 0
-
-    def __post_init__(self) -> None:
-        if self.rpm < 0 or self.tpm < 0:
-            raise ValueError("rpm and tpm must be >= 0")
-
-    @property
-    def active(self) -> bool:
-        return self.rpm > 0 or self.tpm > 0
-
-
-NO_LIMIT = RateLimit()
 
 
 def parse_limits(raw: object, where: str) -> dict[str, RateLimit]:

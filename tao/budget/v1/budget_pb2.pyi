@@ -32,6 +32,7 @@ class TenantConfig(_message.Message):
     WEIGHT_FIELD_NUMBER: _builtins.int
     P99_SLO_S_FIELD_NUMBER: _builtins.int
     STATIC_CAP_FIELD_NUMBER: _builtins.int
+    RATE_LIMIT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Unique tenant name."""
     floor: _builtins.int
@@ -42,6 +43,12 @@ class TenantConfig(_message.Message):
     """p99 latency objective in seconds; 0 means none."""
     static_cap: _builtins.int
     """Cap under the static policy; 0 means an equal split."""
+    @_builtins.property
+    def rate_limit(self) -> Global___RateLimit:
+        """Requests and tokens per minute, on top of the caps; unset or both 0 means none from here
+        (the router's own limits, its keys file or TAO_ROUTER_RATE_LIMITS, then apply).
+        """
+
     def __init__(
         self,
         *,
@@ -50,14 +57,43 @@ class TenantConfig(_message.Message):
         weight: _builtins.float = ...,
         p99_slo_s: _builtins.float = ...,
         static_cap: _builtins.int = ...,
+        rate_limit: Global___RateLimit | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["rate_limit", b"rate_limit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["floor", b"floor", "name", b"name", "p99_slo_s", b"p99_slo_s", "static_cap", b"static_cap", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["floor", b"floor", "name", b"name", "p99_slo_s", b"p99_slo_s", "rate_limit", b"rate_limit", "static_cap", b"static_cap", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TenantConfig: _TypeAlias = TenantConfig  # noqa: Y015
+
+@_typing.final
+class RateLimit(_message.Message):
+    """A tenant's rate limits (the router's GCRA, fleet-wide in Redis): requests per minute and
+    tokens per minute (prompt estimate + max_tokens, as OpenAI counts); 0 means none.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RPM_FIELD_NUMBER: _builtins.int
+    TPM_FIELD_NUMBER: _builtins.int
+    rpm: _builtins.int
+    """Requests per minute (>= 0)."""
+    tpm: _builtins.int
+    """Tokens per minute (>= 0)."""
+    def __init__(
+        self,
+        *,
+        rpm: _builtins.int = ...,
+        tpm: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rpm", b"rpm", "tpm", b"tpm"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RateLimit: _TypeAlias = RateLimit  # noqa: Y015
 
 @_typing.final
 class Decision(_message.Message):
@@ -143,6 +179,27 @@ class Allocation(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class RateLimitsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> Global___RateLimit: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: Global___RateLimit | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     REVISION_FIELD_NUMBER: _builtins.int
     TOTAL_FIELD_NUMBER: _builtins.int
     CAPS_FIELD_NUMBER: _builtins.int
@@ -150,6 +207,7 @@ class Allocation(_message.Message):
     DECISIONS_FIELD_NUMBER: _builtins.int
     DECIDED_AT_UNIX_S_FIELD_NUMBER: _builtins.int
     LIMITS_FIELD_NUMBER: _builtins.int
+    RATE_LIMITS_FIELD_NUMBER: _builtins.int
     total: _builtins.int
     """Total budget B; the caps always sum to it."""
     policy: _builtins.str
@@ -175,6 +233,12 @@ class Allocation(_message.Message):
         draining donor (limit below cap) has already vacated; so slots move without preemption.
         """
 
+    @_builtins.property
+    def rate_limits(self) -> _containers.MessageMap[_builtins.str, Global___RateLimit]:
+        """Rate limits of the tenants configured with one (ConfigureTenants); every router applies
+        them, ahead of its own configuration for those tenants.
+        """
+
     def __init__(
         self,
         *,
@@ -185,10 +249,11 @@ class Allocation(_message.Message):
         decisions: _abc.Iterable[Global___Decision] | None = ...,
         decided_at_unix_s: _builtins.float = ...,
         limits: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        rate_limits: _abc.Mapping[_builtins.str, Global___RateLimit] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["revision", b"revision"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["caps", b"caps", "decided_at_unix_s", b"decided_at_unix_s", "decisions", b"decisions", "limits", b"limits", "policy", b"policy", "revision", b"revision", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["caps", b"caps", "decided_at_unix_s", b"decided_at_unix_s", "decisions", b"decisions", "limits", b"limits", "policy", b"policy", "rate_limits", b"rate_limits", "revision", b"revision", "total", b"total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

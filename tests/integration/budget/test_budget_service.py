@@ -117,6 +117,8 @@ async def test_bad_configuration_and_policy_change_nothing(harness: Harness) -> 
             "repeated: A": _config(96, ("A", 0, 1.0), ("A", 0, 1.0)),
             "weight must be > 0": _config(96, ("A", 0, -1.0), ("B", 0, 1.0)),
             "at least one tenant": budget_pb2.ConfigureTenantsRequest(total_budget=8),
+            "rate_limit.rpm and rate_limit.tpm must be >= 0": budget_pb2.ConfigureTenantsRequest(
+                total_budget=8, tenants=[budget_pb2.TenantConfig(name="A", rate_limit=budget_pb2.RateLimit(rpm=-1))]),
         }
         for message, request in bad.items():
             with pytest.raises(grpc.aio.AioRpcError) as err:

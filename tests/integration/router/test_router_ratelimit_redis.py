@@ -1,7 +1,8 @@
 """Per-tenant rate limits, fleet-wide in a real Redis: the Lua GCRA admits the configured rate
 (±5 % over a 30 s run on an injected clock, two routers sharing the tenant), a refusal
 changes nothing, and the gateway answers OpenAI's 429 with ``x-ratelimit-*`` and
-``Retry-After``; the keys file (with its limits) reloads without a restart."""
+``Retry-After``; the keys file (with its limits) reloads without a restart; limits configured
+with the tenants on the budget service reach the router."""
 
 from __future__ import annotations
 
@@ -13,14 +14,21 @@ import time
 from pathlib import Path
 
 import aiohttp
+import grpc
 import redis.asyncio as aioredis
-from router_harness import MODEL, start_router
+from router_harness import MODEL, start_router, wait_for
 
+from services.budget.server import BudgetApp
+from services.budget.settings import Settings as BudgetSettings
 from services.common import keys
+from services.common.core.ratelimit import RateLimit
+from services.common.settings import load_settings
+from services.common.testing import serve_in_process
 from services.router import auth
-from services.router.core.ratelimit import RateLimit, gcra
+from services.router.core.ratelimit import gcra
 from services.router.ratelimit import RateLimiter
 from services.sim.vllm_sim.server import RunningSim
+from tao.budget.v1 import budget_pb2, budget_pb2_grpc
 
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 TIMEOUT = aiohttp.ClientTimeout(total=30)
@@ -163,3 +171,47 @@ async def test_keys_file_and_its_limits_reload_without_restart(redis_url: str, s
         os.utime(keys_file, ns=(time.time_ns(), time.time_ns() + 2_000_000_000))
         await asyncio.sleep(0.15)
         assert await status("key-a") == 200
+
+
+async def test_rate_limits_configured_with_the_tenants_reach_the_router(redis_url: str, sims: list[RunningSim]) -> None:
+    """ConfigureTenants on the real budget service (gRPC) -> its allocation in Redis -> the
+    router: the budget's limit wins over the router's own for the tenant it names, the router's
+    "*" still covers the others, and a reconfiguration without it gives the router's back."""
+    settings = load_settings(BudgetSettings, redis_url=redis_url, port=0, tick_s=0.05)
+    budget = BudgetApp(settings)
+    async with serve_in_process("budget", budget, settings) as running, \
+            grpc.aio.insecure_channel(running.address) as channel, \
+            start_router(redis_url, [s.base_url for s in sims], policy="round_robin",
+                         rate_limits={"A": {"rpm": 100}, "*": {"tpm": 100_000}}) as router, \
+            aiohttp.ClientSession(timeout=TIMEOUT) as http:
+        stub = budget_pb2_grpc.BudgetServiceStub(channel)
+
+        async def configure(a_limit: budget_pb2.RateLimit | None) -> None:
+            await stub.ConfigureTenants(budget_pb2.ConfigureTenantsRequest(total_budget=8, tenants=[
+                budget_pb2.TenantConfig(name="A", rate_limit=a_limit), budget_pb2.TenantConfig(name="B")]))
+
+        async def post(tenant: str, sid: str) -> tuple[int, dict[str, str]]:
+            async with http.post(router.url + "/v1/chat/completions", json=BODY,
+                                 headers={"x-tao-tenant": tenant, "x-session-id": sid}) as resp:
+                await resp.read()
+                return resp.status, dict(resp.headers)
+
+        await configure(budget_pb2.RateLimit(rpm=2))
+        await wait_for(lambda: router.rt.budget_limits == {"A": RateLimit(rpm=2)}, "router saw the budget's limits")
+        for i in range(2):
+            status, headers = await post("A", f"a{i}")
+            assert status == 200 and headers["x-ratelimit-limit-requests"] == "2"
+        status, headers = await post("A", "a-over")
+        assert status == 429 and headers["x-ratelimit-remaining-requests"] == "0"
+        assert "a-over" not in router.rt.core.sessions  # refused: nothing changed
+        status, headers = await post("B", "b0")  # not named by the budget: the router's "*"
+        assert status == 200 and headers["x-ratelimit-limit-tokens"] == "100000"
+        assert "x-ratelimit-limit-requests" not in headers
+
+        await configure(None)  # A without a limit from the budget: the router's own 100 rpm again
+        await wait_for(lambda: router.rt.budget_limits == {}, "router saw the limits go")
+        # the GCRA state is time (the bucket A emptied at 2 rpm stays empty for a minute whatever
+        # the new rate); start the new limit from a full bucket
+        await router.redis.delete(keys.rate_limit_key("A"))
+        status, headers = await post("A", "a2")
+        assert status == 200 and headers["x-ratelimit-limit-requests"] == "100"
