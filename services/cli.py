@@ -33,6 +33,9 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("check", "faults"): ("bench.faults.cli", "inject faults into a live stack and summarise survival"),
     ("explain",): ("services.router.explain_cli", "why is this session waiting? (router GET /v1/sessions/{id})"),
     ("sessions",): ("services.router.sessions_cli", "list the router's sessions (GET /v1/sessions)"),
+    ("tenants",): ("services.budget.tenants_cli", "the budget's tenants: caps, limits, rate limits (GetAllocation)"),
+    ("tenants", "set"): ("services.budget.tenants_set_cli", "replace the budget's tenant set (ConfigureTenants)"),
+    ("tenants", "policy"): ("services.budget.tenants_policy_cli", "switch the budget's policy: static | dynamic"),
 }
 
 

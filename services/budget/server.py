@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from services.budget.service import BudgetService, BudgetServicer
-from services.budget.settings import Settings, TenantSpec
+from services.budget.settings import TENANT_FORM, Settings, parse_tenant
 from services.common.bootstrap import ServiceApp, ServiceContext
 from services.common.clock import Clock, WallClock
 from services.common.lease import RedisLease
@@ -89,27 +89,11 @@ def build_app(settings: Settings) -> ServiceApp:
     return BudgetApp(settings)
 
 
-TENANT_FORM = "NAME[:FLOOR[:WEIGHT[:RPM[:TPM]]]]"
-
-
-def _tenant(spec: str) -> TenantSpec:
-    """NAME[:FLOOR[:WEIGHT[:RPM[:TPM]]]] (an empty field keeps its default: ``A::::200000``)."""
-    parts = spec.split(":")
-    if not parts[0] or len(parts) > 5:
-        raise argparse.ArgumentTypeError(f"expected {TENANT_FORM}, got {spec!r}")
-    parts += [""] * (5 - len(parts))
-    try:
-        return TenantSpec(name=parts[0], floor=int(parts[1] or 0), weight=float(parts[2] or 1.0),
-                          rpm=int(parts[3] or 0), tpm=int(parts[4] or 0))
-    except ValueError as exc:  # int()/float(), and pydantic's ValidationError (a ValueError)
-        raise argparse.ArgumentTypeError(f"bad tenant {spec!r}: {exc}") from exc
-
-
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tick-s", type=float, default=None, help="reallocation period (default 2 s)")
     parser.add_argument("--policy", default=None, help="static | dynamic")
     parser.add_argument("--total-budget", type=int, default=None, help="B, when no configuration is stored")
-    parser.add_argument("--tenant", action="append", type=_tenant, default=None, metavar=TENANT_FORM,
+    parser.add_argument("--tenant", action="append", type=parse_tenant, default=None, metavar=TENANT_FORM,
                         help="a tenant (repeat), when no configuration is stored")
 
 

@@ -7,6 +7,7 @@ service resumes. Without either, the service waits for ``ConfigureTenants``.
 
 from __future__ import annotations
 
+import argparse
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -30,6 +31,22 @@ class TenantSpec(BaseModel):
     static_cap: int = Field(default=0, ge=0, description="0: weighted split under the static policy")
     rpm: int = Field(default=0, ge=0, description="requests per minute, enforced by every router (0: none)")
     tpm: int = Field(default=0, ge=0, description="tokens per minute, enforced by every router (0: none)")
+
+
+TENANT_FORM = "NAME[:FLOOR[:WEIGHT[:RPM[:TPM]]]]"
+
+
+def parse_tenant(spec: str) -> TenantSpec:
+    """NAME[:FLOOR[:WEIGHT[:RPM[:TPM]]]] (an empty field keeps its default: ``A::::200000``)."""
+    parts = spec.split(":")
+    if not parts[0] or len(parts) > 5:
+        raise argparse.ArgumentTypeError(f"expected {TENANT_FORM}, got {spec!r}")
+    parts += [""] * (5 - len(parts))
+    try:
+        return TenantSpec(name=parts[0], floor=int(parts[1] or 0), weight=float(parts[2] or 1.0),
+                          rpm=int(parts[3] or 0), tpm=int(parts[4] or 0))
+    except ValueError as exc:  # int()/float(), and pydantic's ValidationError (a ValueError)
+        raise argparse.ArgumentTypeError(f"bad tenant {spec!r}: {exc}") from exc
 
 
 class Settings(LeaderElectionSettings):

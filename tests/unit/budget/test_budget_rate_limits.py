@@ -17,8 +17,7 @@ from services.budget.convert import (
     config_to_record,
 )
 from services.budget.core import Allocation
-from services.budget.server import _tenant
-from services.budget.settings import Settings
+from services.budget.settings import Settings, parse_tenant
 from services.common.core.ratelimit import NO_LIMIT, RateLimit
 from services.common.errors import InvalidArgument
 from services.common.records import AllocationRecord, BudgetConfigRecord, load
@@ -64,12 +63,12 @@ def test_every_allocation_carries_the_configured_rate_limits_to_the_routers() ->
 
 
 def test_settings_and_the_cli_take_rpm_and_tpm() -> None:
-    spec = _tenant("A:4:2:600:200000")
+    spec = parse_tenant("A:4:2:600:200000")
     assert (spec.name, spec.floor, spec.weight, spec.rpm, spec.tpm) == ("A", 4, 2.0, 600, 200_000)
-    assert (_tenant("B::::5000").tpm, _tenant("B::::5000").floor, _tenant("B").rpm) == (5000, 0, 0)
+    assert (parse_tenant("B::::5000").tpm, parse_tenant("B::::5000").floor, parse_tenant("B").rpm) == (5000, 0, 0)
     for bad in ("A:1:1:-3", "A:1:1:x", "A:1:1:1:1:1", ":1"):
         with pytest.raises(argparse.ArgumentTypeError):
-            _tenant(bad)
-    settings = Settings(total_budget=8, tenants=[_tenant("A:0:1:60"), _tenant("B")])
+            parse_tenant(bad)
+    settings = Settings(total_budget=8, tenants=[parse_tenant("A:0:1:60"), parse_tenant("B")])
     config = settings.initial_config()
     assert config is not None and config.rate_limits == {"A": RateLimit(rpm=60)}
