@@ -178,8 +178,9 @@ class Gateway:
         check_context(parsed, rt.max_model_len(parsed.model))
         # per tenant: the budget's (ConfigureTenants, the same on every router) over the keys file's
         # over the settings'; "*" from the router's own configuration covers every tenant not named
-        limits = {**self.base_limits, **(self.auth.limits if isinstance(self.auth, ReloadingAuthenticator) else {}),
-                  **rt.budget_limits}
+        keyfile = self.auth.limits if isinstance(self.auth, ReloadingAuthenticator) else None
+        limits = ({**self.base_limits, **(keyfile or {}), **rt.budget_limits} if keyfile or rt.budget_limits
+                  else self.base_limits)  # no per-request dict unless there is something to merge
         if limits:
             decision, rate_headers = await admit(self.limiter, limits, tenant, parsed.prompt_tokens_estimate,
                                                  parsed.max_tokens, self.settings.default_output_tokens,
