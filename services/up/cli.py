@@ -172,7 +172,7 @@ def no_workload_banner(addrs: StackAddresses) -> str:
             f"predictor (gRPC):    {addrs.predictor}\n"
             f"router admin (gRPC): {addrs.router_admin}\n"
             f"planner (gRPC):      {addrs.planner}\n"
-            f"budget (gRPC):       {addrs.budget}\n"
+            f"budget (gRPC):       {addrs.budget}   (tenants: tao tenants --budget {addrs.budget})\n"
             f"redis:               {addrs.redis_url}\n"
             f"replicas (vLLM API, /metrics):\n{replicas}\n"
             "Ctrl-C to stop.")

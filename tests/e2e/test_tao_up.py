@@ -108,6 +108,11 @@ def test_sigterm_stops_everything_without_orphans(tmp_path: Path) -> None:
         for replica in replicas:
             with urllib.request.urlopen(replica + "/metrics", timeout=5) as resp:
                 assert resp.status == 200 and b"vllm:num_preemptions" in resp.read()
+        # the budget's tenants, from the address the banner prints (`tao tenants`)
+        budget = next(ln for ln in lines if ln.startswith("budget (gRPC):")).split()[2]
+        tenants = subprocess.run([*TAO, "tenants", "--budget", budget], capture_output=True, text=True, timeout=60)
+        assert tenants.returncode == 0 and tenants.stdout.startswith("policy "), tenants.stdout + tenants.stderr
+        assert any(row.split()[:1] == ["default"] for row in tenants.stdout.splitlines()), tenants.stdout
         kids = _children(proc.pid)
         assert len(kids) >= 7, f"expected redis, 4 services and 2 replicas, found {len(kids)}"
         proc.send_signal(signal.SIGTERM)
