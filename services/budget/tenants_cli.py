@@ -23,14 +23,13 @@ import json
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import TypeVar
 
 import grpc
 from google.protobuf import json_format
 
 from services.budget.settings import TENANT_FORM, parse_tenant
-from services.common.channels import make_channel
+from services.common.channels import add_tls_arguments, channel_from_args
 from tao.budget.v1 import budget_pb2, budget_pb2_grpc
 
 DEFAULT_BUDGET = "127.0.0.1:50054"
@@ -46,9 +45,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
                         help="bearer token (default $TAO_BUDGET_ADMIN_TOKEN, else $TAO_BUDGET_AUTH_TOKEN)")
     parser.add_argument("--json", action="store_true", help="print the service's answer as JSON")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds")
-    parser.add_argument("--ca-file", type=Path, default=None, help="CA bundle: use TLS")
-    parser.add_argument("--cert-file", type=Path, default=None, help="client certificate (mTLS)")
-    parser.add_argument("--key-file", type=Path, default=None, help="client key (mTLS)")
+    add_tls_arguments(parser)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,8 +57,7 @@ def call(args: argparse.Namespace, rpc: Callable[[budget_pb2_grpc.BudgetServiceS
     token = args.token or os.environ.get("TAO_BUDGET_ADMIN_TOKEN") or os.environ.get("TAO_BUDGET_AUTH_TOKEN")
 
     async def go() -> T:
-        async with make_channel(args.budget, token=token, ca_file=args.ca_file, cert_file=args.cert_file,
-                                key_file=args.key_file) as channel:
+        async with channel_from_args(args.budget, args, token) as channel:
             return await rpc(budget_pb2_grpc.BudgetServiceStub(channel))
 
     return asyncio.run(go())

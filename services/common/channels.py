@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import grpc
@@ -63,3 +64,15 @@ def make_channel(
     if token:
         creds = grpc.composite_channel_credentials(creds, grpc.metadata_call_credentials(BearerTokenAuth(token)))
     return grpc.aio.secure_channel(target, creds, options=options, interceptors=traced or None)
+
+
+def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    """The client TLS options of the `tao` commands that call a service (``channel_from_args``)."""
+    parser.add_argument("--ca-file", type=Path, default=None, help="CA bundle: use TLS")
+    parser.add_argument("--cert-file", type=Path, default=None, help="client certificate (mTLS)")
+    parser.add_argument("--key-file", type=Path, default=None, help="client key (mTLS)")
+
+
+def channel_from_args(target: str, args: argparse.Namespace, token: str | None = None) -> grpc.aio.Channel:
+    """``make_channel`` with the options ``add_tls_arguments`` added."""
+    return make_channel(target, token=token, ca_file=args.ca_file, cert_file=args.cert_file, key_file=args.key_file)
