@@ -33,10 +33,11 @@ from bench.sim.grid import (
     fast_grid,
     quick_grid,
 )
-from bench.sim.run import point_lower_bound, run_grid
+from bench.sim.run import point_capacity_bound, point_lower_bound, run_grid
 from bench.sim.summary import (
     ablation_points,
     ablation_table,
+    capacity_bound_table,
     each_baseline_table,
     grid_summary,
     headline_table,
@@ -154,8 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         by_point[r["point"]][r["policy"]] = r["metrics"]
     bounds: dict[str, dict[str, float | int]] = {}
+    capacity: dict[str, dict[str, float | int | str]] = {}
     for p in points:  # cheap (an O(turns) pass per trace), so recomputed rather than checkpointed
         bounds[p.key] = point_lower_bound(p, args.seed, max_turns).to_json()
+        capacity[p.key] = point_capacity_bound(p, args.seed, max_turns).to_json()
         lb = float(bounds[p.key]["mean_task_latency_s"])
         for m in by_point[p.key].values():
             m["latency_over_lower_bound"] = float(m["mean_task_latency_s"]) / lb if lb > 0 else 0.0
@@ -163,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 
     console.print(headline_table(by_point, summary))
     console.print(lower_bound_table(by_point, bounds))
+    console.print(capacity_bound_table(by_point, capacity))
     console.print(each_baseline_table(summary))
     for key in ablation_points(by_point):
         ablation = ablation_table(key, by_point[key])
@@ -202,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                  "workload": p.kind, "sessions": p.sessions, "concurrency": p.concurrency,
                  "num_gpu_blocks": p.num_gpu_blocks,
                  "lower_bound": bounds[p.key],
+                 "capacity_bound": capacity[p.key],
                  "policies": by_point[p.key],
                  "runs": {r["policy"]: {k: r[k] for k in ("wall_s", "cpu_s", "sim_end_s", "plans", "counters",
                                                           "incomplete")}

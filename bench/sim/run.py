@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.sim.grid import GridPoint
-from services.sim.cluster.lower_bound import LowerBound, cached_lower_bound
+from services.sim.cluster.lower_bound import CapacityBound, LowerBound, cached_lower_bound
 from services.sim.cluster.metrics import upgrade_metrics
-from services.sim.cluster.runner import run_policy
+from services.sim.cluster.runner import capacity_ratios, run_policy, sim_capacity_bound
 from services.sim.cluster.simulator import SimConfig
 from services.sim.workload.generate import GenerateOptions, generate
 from services.sim.workload.trace import TraceSession
@@ -45,6 +45,7 @@ def run_task(task: Task) -> dict[str, Any]:
     cfg = SimConfig(replicas=p.replicas, profile=p.profile.name, concurrency=p.concurrency, seed=task.seed,
                     num_gpu_blocks=p.num_gpu_blocks, kv_events_credit=task.kv_events_credit)
     out = run_policy(trace, task.policy, cfg, profile=p.profile)
+    capacity_ratios(out.metrics, out.run, sim_capacity_bound(trace, cfg, p.profile))
     return {
         "point": p.key,
         "policy": task.policy,
@@ -63,6 +64,13 @@ def run_task(task: Task) -> dict[str, Any]:
 def point_lower_bound(point: GridPoint, seed: int, max_turns: int | None) -> LowerBound:
     """The no-contention lower bound of a configuration's trace (cached per trace and profile)."""
     return cached_lower_bound(_trace(point.kind, point.sessions, seed, max_turns), point.profile)
+
+
+def point_capacity_bound(point: GridPoint, seed: int, max_turns: int | None) -> CapacityBound:
+    """The capacity bound of a configuration (its trace on its fleet and worker count)."""
+    cfg = SimConfig(replicas=point.replicas, profile=point.profile.name, concurrency=point.concurrency,
+                    num_gpu_blocks=point.num_gpu_blocks)
+    return sim_capacity_bound(_trace(point.kind, point.sessions, seed, max_turns), cfg, point.profile)
 
 
 def grid_key(r: dict[str, Any]) -> tuple[str, str, int]:

@@ -169,5 +169,34 @@ def lower_bound_table(points: Mapping[str, Mapping[str, Metrics]],
     return t
 
 
+def capacity_bound_table(points: Mapping[str, Mapping[str, Metrics]],
+                         bounds: Mapping[str, Mapping[str, float | int | str]]) -> Table:
+    """Per policy: mean task latency / the capacity bound, then engine-busy seconds / the least
+    engine seconds of the trace (``services.sim.cluster.lower_bound.capacity_bound``)."""
+    names: list[str] = []
+    for p in points.values():
+        names += [n for n in p if n not in names]
+    t = Table(title="mean task latency / capacity bound · engine busy / least engine work "
+                    "(the fleet's engine-seconds and KV-token-seconds; docs/algorithms.md#lower-bounds)")
+    t.add_column("configuration")
+    t.add_column("capacity s", justify="right")
+    t.add_column("no-contention s", justify="right")
+    t.add_column("least work s", justify="right")
+    for n in names:
+        t.add_column(n, justify="right")
+    for key, p in points.items():
+        b = bounds.get(key)
+        cells = []
+        for n in names:
+            m = p.get(n, {})
+            lat, busy = m.get("latency_over_capacity_bound"), m.get("busy_over_work_bound")
+            cells.append(("—" if lat is None else f"{float(lat):.2f}") + " · "
+                         + ("—" if busy is None else f"{float(busy):.2f}"))
+        head = ["—"] * 3 if b is None else [f"{float(b['mean_task_latency_s']):.1f}",
+                                             f"{float(b['no_contention_s']):.1f}", f"{float(b['work_s']):.0f}"]
+        t.add_row(key, *head, *cells)
+    return t
+
+
 def ablation_points(points: Mapping[str, Mapping[str, Metrics]]) -> Sequence[str]:
     return [k for k, p in points.items() if any(a in p for a in ABLATIONS)]

@@ -52,6 +52,8 @@ BETTER: dict[str, str] = {
     "decode_tok_s_busy": "higher",
     "prefix_hit_rate": "higher",
     "latency_over_lower_bound": "lower",
+    "latency_over_capacity_bound": "lower",
+    "busy_over_work_bound": "lower",
     "mean_pause_wait_s": "lower",
     "preemptions": "lower",
 }

@@ -30,11 +30,15 @@ SHORT: dict[str, str] = {
     "planner_time_share": "planner",
     "completed_sessions": "done",
     "latency_over_lower_bound": "lat / LB",
+    "latency_over_capacity_bound": "lat / CB",
+    "busy_over_work_bound": "busy / work",
 }
 
-TABLE_KEYS: tuple[str, ...] = (*METRIC_KEYS, "latency_over_lower_bound")
-"""Columns of the per-policy table: the metrics, then mean latency / no-contention lower bound
-(when the results carry it)."""
+TABLE_KEYS: tuple[str, ...] = (*METRIC_KEYS, "latency_over_lower_bound", "latency_over_capacity_bound",
+                               "busy_over_work_bound")
+"""Columns of the per-policy table: the metrics, then mean latency / the no-contention lower
+bound, mean latency / the capacity bound and engine-busy seconds / the least engine work (when
+the results carry them; ``services.sim.cluster.lower_bound``)."""
 
 _DELTA_KEYS = ("mean_task_latency_s", "p90_task_latency_s", "mean_ttft_s", "mean_ttft_after_tool_s",
                "decode_tok_s_makespan", "decode_tok_s_busy", "prefix_hit_rate")
@@ -66,7 +70,7 @@ def _fmt(key: str, v: float | int | None) -> str:
         return f"{100 * float(v):.3f}%"
     if key in ("decode_tok_s_makespan", "decode_tok_s_busy"):
         return f"{float(v):.1f}"
-    if key == "latency_over_lower_bound":
+    if key in ("latency_over_lower_bound", "latency_over_capacity_bound", "busy_over_work_bound"):
         return f"{float(v):.2f}x"
     return f"{float(v):.3f}"
 

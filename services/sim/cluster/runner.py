@@ -12,7 +12,7 @@ from typing import Any
 from services.planner.core.fits import fitted
 from services.planner.core.registry import make_policy
 from services.sim.cluster import oracle as _oracle  # noqa: F401  (registers "oracle")
-from services.sim.cluster.lower_bound import LowerBound, cached_lower_bound
+from services.sim.cluster.lower_bound import CapacityBound, LowerBound, cached_lower_bound, capacity_bound
 from services.sim.cluster.metrics import summarize
 from services.sim.cluster.simulator import ClusterSim, RunResult, SimConfig
 from services.sim.engine import Engine, Profile, get_profile
@@ -47,6 +47,23 @@ def lower_bound_ratio(metrics: dict[str, Any], run: RunResult, bound: LowerBound
     return float(metrics["mean_task_latency_s"]) / lb if lb > 0 else 0.0
 
 
+def sim_capacity_bound(sessions: Sequence[TraceSession], cfg: SimConfig,
+                       profile: Profile | None = None) -> CapacityBound:
+    """The capacity bound of ``sessions`` on the fleet ``cfg`` describes (``profile`` overrides
+    ``cfg.profile``, as in ``run_policy``)."""
+    return capacity_bound(sessions, profile if profile is not None else get_profile(cfg.profile), cfg.replicas,
+                          cfg.concurrency, cfg.num_gpu_blocks, cfg.max_num_seqs)
+
+
+def capacity_ratios(metrics: dict[str, Any], run: RunResult, bound: CapacityBound) -> None:
+    """Add ``latency_over_capacity_bound`` (mean task latency / the capacity bound; None when
+    vLLM's 400 ended sessions, which the bound counts and the mean leaves out) and
+    ``busy_over_work_bound`` (engine-busy seconds / the least engine seconds of the trace)."""
+    lat, cb = float(metrics["mean_task_latency_s"]), bound.mean_task_latency_s
+    metrics["latency_over_capacity_bound"] = None if run.failed or cb <= 0 else lat / cb
+    metrics["busy_over_work_bound"] = run.busy_s / bound.work_s if bound.work_s > 0 else None
+
+
 def machine() -> dict[str, Any]:
     return {"cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
 
@@ -60,15 +77,18 @@ def compare(
 ) -> tuple[dict[str, Any], list[PolicyOutcome]]:
     """Run every policy; return the JSON document and the outcomes (for tables and plots).
     Every policy's metrics carry ``latency_over_lower_bound`` (mean task latency / the
-    no-contention lower bound, ``services.sim.cluster.lower_bound``); the bound is in ``lower_bound``."""
+    no-contention lower bound, ``services.sim.cluster.lower_bound``; the bound is in
+    ``lower_bound``) and the two ratios of ``capacity_ratios`` (the bound in ``capacity_bound``)."""
     profile = get_profile(cfg.profile)
     t0 = time.perf_counter()
     bound = cached_lower_bound(sessions, profile)
+    capacity = sim_capacity_bound(sessions, cfg, profile)
     bound_wall = time.perf_counter() - t0
     outcomes = []
     for name in policies:
         out = run_policy(sessions, name, cfg)
         out.metrics["latency_over_lower_bound"] = lower_bound_ratio(out.metrics, out.run, bound)
+        capacity_ratios(out.metrics, out.run, capacity)
         outcomes.append(out)
         if progress is not None:
             progress(out)
@@ -90,5 +110,6 @@ def compare(
         "lower_bound_wall_s": round(bound_wall, 3),
         "machine": machine(),
     }
-    doc = {"config": config, "lower_bound": bound.to_json(), "policies": {o.name: o.metrics for o in outcomes}}
+    doc = {"config": config, "lower_bound": bound.to_json(), "capacity_bound": capacity.to_json(),
+           "policies": {o.name: o.metrics for o in outcomes}}
     return doc, outcomes

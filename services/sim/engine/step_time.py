@@ -22,7 +22,27 @@ Everything is divided by ``tp`` where the work is sharded. Constants live in ``P
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from services.sim.engine.profiles import Profile
+
+
+@dataclass(frozen=True, slots=True)
+class UnitCosts:
+    """The step time's constants per unit of work, for bounds that sum them over many steps:
+    a step costs ``fixed_s`` + L3(≥ ``weights_s``, tokens·``flop_token_s`` + sampled·
+    ``flop_sample_s``) + L3(KV tokens·``kv_token_s``, pairs·``pair_s``) + tokens·``ar_token_s``
+    + seqs·``seq_s`` (L3(a, b) = (a³ + b³)^⅓); ``weights_s`` is one token's weight read (an MoE
+    step with more tokens reads more experts)."""
+
+    fixed_s: float
+    weights_s: float
+    flop_token_s: float
+    flop_sample_s: float
+    kv_token_s: float
+    pair_s: float
+    ar_token_s: float
+    seq_s: float
 
 
 class StepTimeModel:
@@ -61,6 +81,18 @@ class StepTimeModel:
             self._ar_bytes_per_token = 0.0
         self._step_overhead_s = profile.step_overhead_s + profile.per_layer_overhead_s * m.num_layers
         self._per_seq_s = profile.per_seq_overhead_s
+
+    def unit_costs(self) -> UnitCosts:
+        return UnitCosts(
+            fixed_s=self._step_overhead_s + self._ar_fixed_s,
+            weights_s=self.weight_bytes_read(1) / self._bw,
+            flop_token_s=self._lin_flops_per_token / self._fl,
+            flop_sample_s=self._head_flops / self._fl,
+            kv_token_s=self._kv_bytes / self._bw_attn,
+            pair_s=self._attn_flops_per_pair / self._attn_fl,
+            ar_token_s=self._ar_bytes_per_token,
+            seq_s=self._per_seq_s,
+        )
 
     def weight_bytes_read(self, num_tokens: int) -> float:
         if self._experts == 0 or num_tokens <= 0:

@@ -68,8 +68,11 @@ def test_quick_smoke_run_writes_json(tmp_path: Path) -> None:
     assert doc["summary"]["configurations"] == 1
     assert doc["machine"]["cpu_count"] >= 1 and doc["runtime_s"] > 0
     assert cfg["lower_bound"]["sessions"] == cfg["sessions"] and cfg["lower_bound"]["mean_task_latency_s"] > 0
+    cap = cfg["capacity_bound"]
+    assert cap["sessions"] == cfg["sessions"] and cap["mean_task_latency_s"] >= cap["no_contention_s"] > 0
     for m in cfg["policies"].values():
         assert m["latency_over_lower_bound"] >= 1.0 and m["decode_tok_s_busy"] > 0
+        assert m["latency_over_capacity_bound"] >= 1.0 and m["busy_over_work_bound"] >= 1.0
 
 
 def test_a_checkpoint_written_before_the_decode_rename_still_resumes(tmp_path: Path) -> None:

@@ -231,15 +231,17 @@ def test_a_request_past_max_model_len_ends_its_session_as_vllm_400_does(policy: 
 
 def test_compare_json_shape() -> None:
     doc, outs = compare(_trace(4), ["tao", "round_robin"], SMALL, trace_name="x")
-    assert set(doc) == {"config", "lower_bound", "policies"}
+    assert set(doc) == {"config", "lower_bound", "capacity_bound", "policies"}
     assert set(doc["policies"]) == {"tao", "round_robin"}
     assert set(doc["policies"]["tao"]) == {
         "mean_task_latency_s", "p90_task_latency_s", "mean_ttft_s", "mean_ttft_after_tool_s",
         "decode_tok_s_makespan", "decode_tok_s_busy", "prefix_hit_rate", "mean_pause_wait_s", "preemptions",
-        "planner_time_share", "completed_sessions", "latency_over_lower_bound"}
+        "planner_time_share", "completed_sessions", "latency_over_lower_bound", "latency_over_capacity_bound",
+        "busy_over_work_bound"}
     for m in doc["policies"].values():  # Σ busy seconds <= replicas x makespan
         assert m["decode_tok_s_busy"] >= m["decode_tok_s_makespan"] / SMALL.replicas > 0
         assert m["latency_over_lower_bound"] >= 1.0
+        assert m["latency_over_capacity_bound"] >= 1.0 and m["busy_over_work_bound"] >= 1.0
     assert doc["config"]["replicas"] == 2 and doc["config"]["machine"]["cpu_count"] >= 1
 
 
