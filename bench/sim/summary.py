@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rich.table import Table
@@ -148,54 +148,52 @@ def ablation_table(key: str, policies: Mapping[str, Metrics]) -> Table | None:
     return t
 
 
-def lower_bound_table(points: Mapping[str, Mapping[str, Metrics]],
-                      bounds: Mapping[str, Mapping[str, float | int]]) -> Table:
-    """Mean task latency / the no-contention lower bound, every policy in every configuration."""
+def _per_policy_table(points: Mapping[str, Mapping[str, Metrics]], title: str, head: Sequence[str],
+                      head_of: Callable[[str], list[str]], cell: Callable[[Metrics], str]) -> Table:
+    """One row per configuration: ``head`` columns from ``head_of(key)``, then a ``cell`` per policy."""
     names: list[str] = []
     for p in points.values():
         names += [n for n in p if n not in names]
-    t = Table(title="mean task latency / no-contention lower bound (each session alone, cache never evicted)")
+    t = Table(title=title)
     t.add_column("configuration")
-    t.add_column("bound s", justify="right")
+    for h in head:
+        t.add_column(h, justify="right")
     for n in names:
         t.add_column(n, justify="right")
     for key, p in points.items():
-        b = bounds.get(key)
-        cells = []
-        for n in names:
-            r = p.get(n, {}).get("latency_over_lower_bound") if n in p else None
-            cells.append("—" if r is None else f"{float(r):.2f}")
-        t.add_row(key, "—" if b is None else f"{float(b['mean_task_latency_s']):.1f}", *cells)
+        t.add_row(key, *head_of(key), *(cell(p[n]) if n in p else "—" for n in names))
     return t
+
+
+def _ratio(v: float | int | None) -> str:
+    return "—" if v is None else f"{float(v):.2f}"
+
+
+def lower_bound_table(points: Mapping[str, Mapping[str, Metrics]],
+                      bounds: Mapping[str, Mapping[str, float | int]]) -> Table:
+    """Mean task latency / the no-contention lower bound, every policy in every configuration."""
+    return _per_policy_table(
+        points, "mean task latency / no-contention lower bound (each session alone, cache never evicted)",
+        ["bound s"], lambda k: ["—" if k not in bounds else f"{float(bounds[k]['mean_task_latency_s']):.1f}"],
+        lambda m: _ratio(m.get("latency_over_lower_bound")))
 
 
 def capacity_bound_table(points: Mapping[str, Mapping[str, Metrics]],
                          bounds: Mapping[str, Mapping[str, float | int | str]]) -> Table:
     """Per policy: mean task latency / the capacity bound, then engine-busy seconds / the least
     engine seconds of the trace (``services.sim.cluster.lower_bound.capacity_bound``)."""
-    names: list[str] = []
-    for p in points.values():
-        names += [n for n in p if n not in names]
-    t = Table(title="mean task latency / capacity bound · engine busy / least engine work "
-                    "(the fleet's engine-seconds and KV-token-seconds; docs/algorithms.md#lower-bounds)")
-    t.add_column("configuration")
-    t.add_column("capacity s", justify="right")
-    t.add_column("no-contention s", justify="right")
-    t.add_column("least work s", justify="right")
-    for n in names:
-        t.add_column(n, justify="right")
-    for key, p in points.items():
-        b = bounds.get(key)
-        cells = []
-        for n in names:
-            m = p.get(n, {})
-            lat, busy = m.get("latency_over_capacity_bound"), m.get("busy_over_work_bound")
-            cells.append(("—" if lat is None else f"{float(lat):.2f}") + " · "
-                         + ("—" if busy is None else f"{float(busy):.2f}"))
-        head = ["—"] * 3 if b is None else [f"{float(b['mean_task_latency_s']):.1f}",
-                                             f"{float(b['no_contention_s']):.1f}", f"{float(b['work_s']):.0f}"]
-        t.add_row(key, *head, *cells)
-    return t
+    def head(k: str) -> list[str]:
+        b = bounds.get(k)
+        if b is None:
+            return ["—"] * 3
+        return [f"{float(b['mean_task_latency_s']):.1f}", f"{float(b['no_contention_s']):.1f}",
+                f"{float(b['work_s']):.0f}"]
+
+    return _per_policy_table(
+        points, "mean task latency / capacity bound · engine busy / least engine work "
+                "(the fleet's engine-seconds and KV-token-seconds; docs/algorithms.md#lower-bounds)",
+        ["capacity s", "no-contention s", "least work s"], head,
+        lambda m: f"{_ratio(m.get('latency_over_capacity_bound'))} · {_ratio(m.get('busy_over_work_bound'))}")
 
 
 def ablation_points(points: Mapping[str, Mapping[str, Metrics]]) -> Sequence[str]:
