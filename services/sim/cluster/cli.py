@@ -92,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
         doc, outcomes = compare(sessions, policies, cfg, trace_name=str(args.trace), progress=progress)
     except SimulationError as exc:
         return _fail(str(exc))
-    print_report(doc["policies"], Console(width=max(Console().width, 160)), lower_bound=doc.get("lower_bound"))
+    print_report(doc["policies"], Console(width=max(Console().width, 160)), lower_bound=doc.get("lower_bound"),
+                 capacity_bound=doc.get("capacity_bound"))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(doc, indent=2))
     if args.plots:

@@ -134,7 +134,8 @@ def delta_table(policies: Mapping[str, Metrics]) -> Table | None:
 
 
 def print_report(policies: Mapping[str, Metrics], console: Console | None = None,
-                 lower_bound: Mapping[str, float | int] | None = None) -> None:
+                 lower_bound: Mapping[str, float | int] | None = None,
+                 capacity_bound: Mapping[str, float | int | str] | None = None) -> None:
     require("report", "result tables")
     from rich.console import Console
 
@@ -147,6 +148,12 @@ def print_report(policies: Mapping[str, Metrics], console: Console | None = None
             f"p90 {float(lower_bound['p90_task_latency_s']):.1f} s "
             f"(LLM {float(lower_bound['mean_llm_s']):.1f} s + tools {float(lower_bound['mean_tool_s']):.1f} s); "
             "lat / LB = mean latency / mean lower bound")
+    if capacity_bound:
+        console.print(
+            f"capacity bound (the fleet's engine-seconds and KV-token-seconds, the closed loop's start "
+            f"order; docs/algorithms.md#lower-bounds): mean {float(capacity_bound['mean_task_latency_s']):.1f} s "
+            f"({capacity_bound['binding']} binds); least engine work {float(capacity_bound['work_s']):.0f} s; "
+            "lat / CB = mean latency / capacity bound, busy / work = engine-busy seconds / least work")
     dt = delta_table(policies)
     if dt is not None:
         console.print(dt)
