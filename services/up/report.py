@@ -28,13 +28,16 @@ def comparison(policies: Mapping[str, Mapping[str, Any]], main: str, baseline: s
 
 def write_report(out_dir: Path, config: dict[str, Any], policies: dict[str, dict[str, Any]],
                  runs: Mapping[str, DriverResult], comparisons: dict[str, dict[str, float | None]],
-                 lower_bound: Mapping[str, Any] | None = None, panels: Sequence[Path] = ()) -> Path:
-    """``lower_bound``: the trace's no-contention lower bound (``services.sim.cluster.lower_bound``);
+                 lower_bound: Mapping[str, Any] | None = None, panels: Sequence[Path] = (),
+                 capacity_bound: Mapping[str, Any] | None = None) -> Path:
+    """``lower_bound`` and ``capacity_bound``: the trace's two lower bounds (``services.sim.cluster.lower_bound``);
     ``panels``: the dashboard panels' PNGs (``services/up/panels.py``), shown after the plots."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"config": config, "policies": policies, "comparison": comparisons}
     if lower_bound is not None:
         summary["lower_bound"] = dict(lower_bound)
+    if capacity_bound is not None:
+        summary["capacity_bound"] = dict(capacity_bound)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     latencies, series = {}, {}
     for name, result in runs.items():
@@ -63,7 +66,7 @@ img{{max-width:640px}}</style></head><body>
 <h1>TAO — tao up report</h1>
 <pre>{html.escape(json.dumps(config, indent=2))}</pre>
 <h2>Metrics (model seconds)</h2>
-{_bound_line(lower_bound)}
+{_bound_line(lower_bound)}{_capacity_line(capacity_bound)}
 <table><tr><th>policy</th>{''.join(f'<th>{html.escape(k)}</th>' for k in keys)}</tr>{''.join(rows)}</table>
 <h2>Improvement (positive = better)</h2>
 <table><tr><th>comparison</th>{comp_head}</tr>{''.join(comp_rows)}</table>
@@ -79,6 +82,15 @@ def _bound_line(bound: Mapping[str, Any] | None) -> str:
     return (f"<p>No-contention lower bound (each session alone on one replica of the engine model, cache never "
             f"evicted, tools at trace duration): mean {float(bound['mean_task_latency_s']):.1f} s; "
             f"latency_over_lower_bound = mean task latency / that bound.</p>")
+
+
+def _capacity_line(bound: Mapping[str, Any] | None) -> str:
+    if not bound:
+        return ""
+    return (f"<p>Capacity bound (the fleet's engine-seconds and KV-token-seconds, docs/algorithms.md#lower-bounds): "
+            f"mean {float(bound['mean_task_latency_s']):.1f} s; least engine work {float(bound['work_s']):.0f} s; "
+            f"latency_over_capacity_bound = mean task latency / that bound, busy_over_work_bound = the replicas' "
+            f"busy seconds / that work.</p>")
 
 
 def _fmt(value: Any) -> str:

@@ -16,7 +16,7 @@ import pytest
 TAO = [sys.executable, "-m", "services.cli"]
 METRICS = {"mean_task_latency_s", "p90_task_latency_s", "mean_ttft_s", "mean_ttft_after_tool_s",
            "decode_tok_s_makespan", "decode_tok_s_busy", "prefix_hit_rate", "mean_pause_wait_s", "preemptions",
-           "completed_sessions", "latency_over_lower_bound"}
+           "completed_sessions", "latency_over_lower_bound", "latency_over_capacity_bound", "busy_over_work_bound"}
 
 
 def _children(pid: int) -> set[int]:
@@ -63,7 +63,9 @@ def test_tao_up_short_workload_writes_a_complete_report(tmp_path: Path) -> None:
         # busy time from the emulated replicas' counter: Σ busy <= replicas x makespan
         assert metrics["decode_tok_s_busy"] >= metrics["decode_tok_s_makespan"] / 2
         assert metrics["latency_over_lower_bound"] >= 1.0
+        assert metrics["latency_over_capacity_bound"] >= 1.0 and metrics["busy_over_work_bound"] >= 1.0
     assert "tao vs round_robin" in summary["comparison"]
+    assert summary["capacity_bound"]["mean_task_latency_s"] >= summary["lower_bound"]["mean_task_latency_s"]
     assert summary["lower_bound"]["sessions"] == 4 and summary["lower_bound"]["mean_task_latency_s"] > 0
     for name in ("index.html", "latency_cdf.png", "throughput.png", "hit_rate.png", "trace.jsonl"):
         assert (report / name).stat().st_size > 0, name
