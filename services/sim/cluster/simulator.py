@@ -393,6 +393,7 @@ class ClusterSim:
 
     def _end_session(self, s: SimSession, failed: bool = False) -> None:
         s.phase = "ENDED"
+        self._last_progress_s = self.now  # a session ending, by vLLM's 400 too, is progress
         self.core.release(self.now, s.id)  # the harness ends the task's session
         del self.active[s.id]
         if failed:

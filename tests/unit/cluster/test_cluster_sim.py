@@ -261,6 +261,18 @@ def test_a_session_bigger_than_the_admissible_capacity_still_runs_and_a_stall_is
     assert run_policy(big, "round_robin", cfg).run.incomplete == []
 
 
+def test_sessions_ended_by_vllms_400_count_as_progress() -> None:
+    """Three sessions whose first prompt is past ``max_model_len``, one worker, ThunderAgent:
+    each waits its 30-minute force-resume, then gets vLLM's 400. Before 2026-12-05 a session
+    ending that way did not count as progress, so the third one, force-resumed an hour after the
+    last step, was reported as a stall (found by the capacity bound's property test)."""
+    trace = [_hand_session(f"s{i}", [(6000, 50, None)]) for i in range(3)]  # 6,000 > 300 blocks · 16
+    cfg = SimConfig(replicas=1, num_gpu_blocks=300, concurrency=1)
+    out = run_policy(trace, "thunderagent", cfg)
+    assert not out.run.stalled and out.run.incomplete == []
+    assert out.run.failed == ["s0", "s1", "s2"] and out.run.sim_end_s == pytest.approx(3 * 1800.0, abs=5.0)
+
+
 def test_oracle_remaining_ranks_ready_sessions_by_their_true_remaining_work() -> None:
     from services.common.core.evidence import CacheEvidence
     from services.planner.core.model import ReplicaState, SessionState, Snapshot
