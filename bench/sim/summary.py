@@ -191,7 +191,7 @@ def capacity_bound_table(points: Mapping[str, Mapping[str, Metrics]],
 
     return _per_policy_table(
         points, "mean task latency / capacity bound · engine busy / least engine work "
-                "(the fleet's engine-seconds and KV-token-seconds; docs/algorithms.md#lower-bounds)",
+                "(the fleet's least engine-seconds, KV-limited batches; docs/algorithms.md#lower-bounds)",
         ["capacity s", "no-contention s", "least work s"], head,
         lambda m: f"{_ratio(m.get('latency_over_capacity_bound'))} · {_ratio(m.get('busy_over_work_bound'))}")
 

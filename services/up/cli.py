@@ -279,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"no-contention lower bound ({args.profile}, each session alone, cache never evicted, tools at "
                       f"trace duration): mean {lb['mean_task_latency_s']:.1f} s; latency_over_lower_bound = mean "
                       f"task latency / that bound")
-        console.print(f"capacity bound (the fleet's engine-seconds and KV-token-seconds; docs/algorithms.md#lower-bounds): "
+        console.print(f"capacity bound (the fleet's least engine-seconds, KV-limited batches; docs/algorithms.md#lower-bounds): "
                       f"mean {capacity.mean_task_latency_s:.1f} s ({capacity.binding} binds), least engine work "
                       f"{capacity.work_s:.0f} s; latency_over_capacity_bound = mean task latency / that bound, "
                       f"busy_over_work_bound = the replicas' busy seconds / that work")

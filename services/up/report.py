@@ -87,7 +87,7 @@ def _bound_line(bound: Mapping[str, Any] | None) -> str:
 def _capacity_line(bound: Mapping[str, Any] | None) -> str:
     if not bound:
         return ""
-    return (f"<p>Capacity bound (the fleet's engine-seconds and KV-token-seconds, docs/algorithms.md#lower-bounds): "
+    return (f"<p>Capacity bound (the fleet's least engine-seconds, KV-limited batches, docs/algorithms.md#lower-bounds): "
             f"mean {float(bound['mean_task_latency_s']):.1f} s; least engine work {float(bound['work_s']):.0f} s; "
             f"latency_over_capacity_bound = mean task latency / that bound, busy_over_work_bound = the replicas' "
             f"busy seconds / that work.</p>")

@@ -179,43 +179,31 @@ def cached_lower_bound(sessions: Sequence[TraceSession], profile: Profile,
 #    sum is at least that of the ends of the last C sessions in trace order (the harness
 #    starts sessions in that order), each of which starts at the (i − C)-th completion and
 #    then takes at least its no-contention latency.
-# 2. **Two resources.** By the j-th completion at least j sessions have been served on R
-#    replicas, which by then have had R·e_(j) engine-seconds and K·R·e_(j) KV-token-seconds
-#    (K tokens of KV cache each). So for every λ in [0, 1]
-#        e_(j) ≥ Σ over the j sessions of [λ·gpu_i + (1 − λ)·kv_i / K] / R,
-#    gpu_i the engine-seconds session i needs at least and kv_i the KV-token-seconds it holds
-#    at least; the sum is at least the sum of the j smallest such costs. e_(j) is also at
-#    least the j-th smallest (arrival + no-contention latency).
-# 3. **A session's least costs.** ``StepTimeModel`` prices a step as fixed + L3(weights read,
-#    linear FLOPs) + L3(KV read, attention FLOPs) + all-reduce bytes·tokens + per-seq·seqs,
-#    L3(a, b) = (a³ + b³)^⅓ ≥ θ·a + (1 − θ)·b for any θ in [0, 1]; so gpu_i counts its linear
-#    FLOPs, θ·its KV read + (1 − θ)·its attention FLOPs, its all-reduce bytes and per-seq costs,
-#    with every prefix hit the no-contention bound gives it (the per-step fixed cost and the
-#    weights are shared by a batch and left out). While a sequence is scheduled it holds its
-#    computed tokens, beyond the shared system prompt (held once for all), for at least a
-#    step's fixed cost + one token's weights. While its tool runs a session either keeps its
-#    private context x cached for the tool's d seconds (x·d KV-token-seconds), or gives it up
-#    and recomputes it for the next turn (the FLOPs of x more prompt tokens, their x(x + 1)/2
-#    causal pairs, held a step); keeping part of it costs no less than the cheaper of the two
-#    (the recompute's cost is concave in the part kept), so each call takes that cheaper one.
-# 4. The same holds for the step count S: at least Σ seq-steps / max_num_seqs (or C),
-#    Σ tokens / max_num_batched_tokens and Σ private tokens held / K, and every step costs its
-#    fixed part and one token's weights (``steps``; the sum of the j smallest of each part
-#    bounds every set of j sessions, the cost being monotone in each).
-# λ and θ range over a grid; each gives a valid bound, the largest is taken.
+# 2. **Work.** By the j-th completion at least j sessions have been served on R replicas, so
+#    e_(j) ≥ W_j / R, W_j the least engine-seconds of any j sessions; e_(j) is also at least
+#    the j-th smallest (arrival + no-contention latency).
+# 3. **Engine-seconds of a set of sessions.** ``StepTimeModel`` prices a step as fixed +
+#    L3(weights read, linear FLOPs) + L3(KV read, attention FLOPs) + all-reduce bytes·tokens +
+#    per-seq·seqs, L3(a, b) = (a³ + b³)^⅓. Summed over steps, the L3 terms are at least the L3
+#    of the sums (Minkowski), a step reads at least one token's weights, and the rest is
+#    additive, with every prefix hit of the no-contention bound (cache never evicted, no
+#    preemption). The step count S is at least each of Σ seq-steps / max_num_seqs (or C),
+#    Σ tokens / max_num_batched_tokens and Σ tokens the scheduled sequences hold / K (every
+#    running sequence's computed tokens stay resident; the shared system prompt is held once
+#    for all, so it is left out). The cost is non-decreasing in every per-session sum, so the
+#    sum of the j smallest of each, taken separately, bounds every set of j sessions.
 #
-# What it leaves out, so what the gap to it holds: steps smaller than the caps allow (too few
-# ready sessions), idle replicas, imbalance between replicas, time a request waits with nobody
-# using the KV it is held for, and the order of completions that these costs allow (the bound
-# lets the cheapest sessions finish first at the whole fleet's rate).
-
-_LAMBDAS = np.linspace(0.0, 1.0, 21)
-_THETAS = np.linspace(0.0, 1.0, 5)
+# What it leaves out, so what the gap to it holds: the KV a session keeps (or recomputes)
+# around its tool calls, steps smaller than KV allows (too few ready sessions), idle
+# replicas, imbalance between replicas, and the order of completions (the bound lets the
+# cheapest sessions finish first at the whole fleet's rate). A second form tried with it,
+# engine-seconds mixed with KV-token-seconds and a tool's context kept or recomputed, never
+# bound on the grid (a tool's hold is 4–13 % of the KV-token-seconds there) and was dropped.
 
 
 @dataclass(frozen=True, slots=True)
 class SessionWork:
-    """One session's least engine work (see the block comment above)."""
+    """One session's least engine work (section 3 of the block comment above)."""
 
     session_id: str
     seq_steps: int  # (sequence, step) pairs: one per decode step, one per prefill chunk
@@ -224,8 +212,6 @@ class SessionWork:
     kv_read: int  # KV tokens the attention reads, summed over steps
     attn_pairs: float  # causal query-key pairs
     held: int  # private tokens held, summed over the seq-steps (shared system prompt excluded)
-    tool_context: tuple[int, ...]  # private tokens cached when each tool starts (a turn follows)
-    tool_s: tuple[float, ...]  # that tool's duration
     alone_s: float  # its no-contention latency, up to vLLM's 400 where one ends it
     completion_s: float  # arrival + alone_s: no completion is earlier
 
@@ -234,7 +220,7 @@ class SessionWork:
 class CapacityBound:
     """``mean_task_latency_s``: a lower bound of the mean task latency that counts the fleet's
     capacity; ``no_contention_s`` the per-session bound's mean; ``work_s`` the least engine
-    seconds of the whole trace (all replicas together, every tool's context kept);
+    seconds of the whole trace (all replicas together);
     ``min_steps`` their least step count."""
 
     sessions: int
@@ -251,7 +237,7 @@ class CapacityBound:
 
 
 class _Work:
-    """One profile's unit costs and per-step caps (sections 3 and 4)."""
+    """One profile's unit costs and per-step caps (section 3)."""
 
     def __init__(self, batch1: _Batch1, profile: Profile, kv_tokens: int, max_seqs: int) -> None:
         self.b1 = batch1
@@ -260,7 +246,6 @@ class _Work:
         self.max_seqs = max_seqs
         self.budget = batch1.budget
         self.block = profile.block_size
-        self.min_step_s = self.u.fixed_s + self.u.weights_s + self.u.seq_s
 
     def session(self, s: TraceSession, max_model_len: int) -> SessionWork:
         bs, budget, b1 = self.block, self.budget, self.b1
@@ -269,17 +254,11 @@ class _Work:
         context = s.system_prompt_tokens
         seq_steps = tokens = sampled = kv = held = 0
         pairs = alone = 0.0
-        xs: list[int] = []
-        ds: list[float] = []
-        pending: tuple[int, float] | None = None  # the previous turn's tool: (context, seconds)
         for turn in s.turns:
             prompt = context + turn.append_tokens
             out = turn.output_tokens
             if length_violation(prompt, out, max_model_len) is not None:
                 break  # vLLM's 400 ends the session here (as the simulator and the driver do)
-            if pending is not None:  # a turn follows that tool: its context is kept or recomputed
-                xs.append(pending[0])
-                ds.append(pending[1])
             hit = min(cached, (prompt - 1) // bs) * bs
             alone += b1.prefill_s(prompt, hit) + b1.decode_s(prompt, out - 1)
             p = hit
@@ -302,46 +281,21 @@ class _Work:
                 held += kv_d - d * shared
             cached = max(cached, (prompt + out - 1) // bs)
             context = prompt + out
-            pending = (cached * bs - shared, turn.tool.duration_s) if turn.tool is not None else None
             if turn.tool is not None:
                 alone += turn.tool.duration_s
-        return SessionWork(s.session_id, seq_steps, tokens, sampled, kv, pairs, held, tuple(xs), tuple(ds),
-                           alone, s.arrival_s + alone)
+        return SessionWork(s.session_id, seq_steps, tokens, sampled, kv, pairs, held, alone, s.arrival_s + alone)
 
     def steps(self, seq_steps: float, tokens: float, held: float) -> float:
         return max(seq_steps / self.max_seqs, tokens / self.budget, held / self.kv_tokens)
 
     def seconds(self, seq_steps: float, tokens: float, sampled: float, kv_read: float, pairs: float,
                 held: float) -> float:
-        """Section 4: the least engine seconds of this much work, every tool's context kept."""
+        """The least engine-seconds of this much work (section 3)."""
         u = self.u
         s = self.steps(seq_steps, tokens, held)
         lin = _l3(s * u.weights_s, tokens * u.flop_token_s + sampled * u.flop_sample_s)
         attn = _l3(kv_read * u.kv_token_s, pairs * u.pair_s)
         return s * u.fixed_s + lin + attn + tokens * u.ar_token_s + seq_steps * u.seq_s
-
-    def two_resource_costs(self, ws: Sequence[SessionWork], replicas: int) -> np.ndarray:
-        """Section 2 and 3: per (λ, θ) row, every session's cost in fleet-seconds."""
-        u, k = self.u, float(self.kv_tokens)
-        col = {f: np.asarray([getattr(w, f) for w in ws], dtype=np.float64)
-               for f in ("seq_steps", "tokens", "sampled", "kv_read", "attn_pairs", "held")}
-        fixed_gpu = (col["tokens"] * (u.flop_token_s + u.ar_token_s) + col["sampled"] * u.flop_sample_s
-                     + col["seq_steps"] * u.seq_s)
-        kv_base = col["held"] * self.min_step_s
-        owner = np.asarray([i for i, w in enumerate(ws) for _ in w.tool_context], dtype=np.int64)
-        x = np.asarray([c for w in ws for c in w.tool_context], dtype=np.float64)
-        d = np.asarray([t for w in ws for t in w.tool_s], dtype=np.float64)
-        rows = []
-        for theta in _THETAS:
-            gpu = fixed_gpu + theta * col["kv_read"] * u.kv_token_s + (1 - theta) * col["attn_pairs"] * u.pair_s
-            drop_gpu = (x * (u.flop_token_s + u.ar_token_s + theta * u.kv_token_s)
-                        + (1 - theta) * x * (x + 1) * 0.5 * u.pair_s)
-            for lam in _LAMBDAS:
-                tools = np.minimum((1 - lam) * x * d / k,
-                                   lam * drop_gpu + (1 - lam) * x * self.min_step_s / k)
-                per_tool = np.bincount(owner, weights=tools, minlength=len(ws)) if len(x) else 0.0
-                rows.append((lam * gpu + (1 - lam) * kv_base / k + per_tool) / replicas)
-        return np.asarray(rows)
 
 
 def _l3(a: float, b: float) -> float:
@@ -369,10 +323,8 @@ def capacity_bound(sessions: Sequence[TraceSession], profile: Profile, replicas:
     no_contention = sum(w.alone_s for w in ws) / n
     fields = ("seq_steps", "tokens", "sampled", "kv_read", "attn_pairs", "held")
     cols = [np.cumsum(np.sort(np.asarray([getattr(w, f) for w in ws], dtype=np.float64))) for f in fields]
-    by_steps = np.asarray([work.seconds(*(float(col[j]) for col in cols)) / replicas for j in range(n)])
-    by_resources = np.cumsum(np.sort(work.two_resource_costs(ws, replicas), axis=1), axis=1).max(axis=0)
-    ends = np.sort(np.asarray([w.completion_s for w in ws]))
-    e = np.maximum(np.maximum(by_steps, by_resources), ends)
+    by_work = np.asarray([work.seconds(*(float(col[j]) for col in cols)) / replicas for j in range(n)])
+    e = np.maximum(by_work, np.sort(np.asarray([w.completion_s for w in ws])))
     arrivals = [s.arrival_s for s in sessions]
     if c >= n:
         total = float(e.sum()) - sum(arrivals)  # every session starts at its arrival

@@ -150,7 +150,7 @@ def print_report(policies: Mapping[str, Metrics], console: Console | None = None
             "lat / LB = mean latency / mean lower bound")
     if capacity_bound:
         console.print(
-            f"capacity bound (the fleet's engine-seconds and KV-token-seconds, the closed loop's start "
+            f"capacity bound (the fleet's least engine-seconds with KV-limited batches, the closed loop's start "
             f"order; docs/algorithms.md#lower-bounds): mean {float(capacity_bound['mean_task_latency_s']):.1f} s "
             f"({capacity_bound['binding']} binds); least engine work {float(capacity_bound['work_s']):.0f} s; "
             "lat / CB = mean latency / capacity bound, busy / work = engine-busy seconds / least work")

@@ -89,7 +89,7 @@ def test_bad_arguments() -> None:
     assert capacity_bound([], get_profile(PROFILE), 1).sessions == 0
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kind=st.sampled_from(["swe-lite", "terminal-bench", "swe-verified", "chat-bursty"]),
        sessions=st.integers(2, 7), seed=st.integers(0, 10_000), replicas=st.integers(1, 3),
        concurrency=st.one_of(st.none(), st.integers(1, 6)), blocks=st.integers(300, 1500),
