@@ -1,6 +1,7 @@
-"""A real lower bound of each session's task latency: the session with no contention.
+"""Two real lower bounds of the mean task latency: each session with no contention, and the
+fleet's capacity.
 
-Each session is played alone on one replica of the profile: its KV cache is never evicted (so
+**No contention** (``lower_bound``). Each session is played alone on one replica of the profile: its KV cache is never evicted (so
 every turn hits the whole previous context that lies in full blocks), the shared system
 prompt of its ``shared_prefix_id`` is already cached (other sessions may have warmed it in a
 contended run), no router or planner delay, and every tool takes its trace duration. Its
@@ -26,6 +27,9 @@ completes the prompt, one decode step per further token):
 step. With no contention no policy can do better on the engine model (a batch step is never
 shorter than the same sequence's batch-1 step), so mean latency / mean lower bound ≥ 1 for
 every policy, the oracle included.
+
+``capacity_bound`` (the block comment before it) is the second bound: the fleet's capacity in
+a closed loop, which the first ignores (docs/algorithms.md#lower-bounds).
 """
 
 from __future__ import annotations
