@@ -191,6 +191,12 @@ def main(argv: list[str] | None = None) -> int:
                           f"{mx[key]['min_gain_vs_best_pct']:+.1f}% at {mx[key]['min_at']}")
     console.print(f"TAO latency within 5% of the oracle in {summary['within_5pct_of_oracle']}/"
                   f"{summary['configurations']} configurations (target >= half).")
+    gm = summary["bounds_geomean"]
+    if gm:
+        console.print("Headroom, geometric mean over the configurations (latency / capacity bound · engine busy / "
+                      "least work): " + ", ".join(
+                          f"{name} {g.get('latency_over_capacity_bound', float('nan')):.2f} · "
+                          f"{g.get('busy_over_work_bound', float('nan')):.2f}" for name, g in gm.items()))
     sim_wall = sum(r["wall_s"] for r in results)
     sim_cpu = sum(r["cpu_s"] for r in results)
     machine = {"cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -76,6 +77,7 @@ def grid_summary(points: Mapping[str, Mapping[str, Metrics]]) -> dict[str, Any]:
                        for key in HEADLINE}
     return {
         "configurations": len(per),
+        "bounds_geomean": bounds_geomean(points),
         "wins_per_metric": wins_per_metric,
         "tao_beats_best_baseline_on_all_three": len(wins),
         "configurations_won": wins,
@@ -83,6 +85,22 @@ def grid_summary(points: Mapping[str, Mapping[str, Metrics]]) -> dict[str, Any]:
         "maxima": maxima,
         "per_point": per,
     }
+
+
+def bounds_geomean(points: Mapping[str, Mapping[str, Metrics]]) -> dict[str, dict[str, float]]:
+    """Per policy, the geometric mean over configurations of its latency / capacity bound and its
+    engine busy / least work (where the run reports them): how far each is from the bound."""
+    out: dict[str, dict[str, float]] = {}
+    for key in ("latency_over_capacity_bound", "busy_over_work_bound"):
+        logs: dict[str, list[float]] = {}
+        for p in points.values():
+            for name, m in p.items():
+                v = m.get(key)
+                if v is not None and v > 0:
+                    logs.setdefault(name, []).append(math.log(float(v)))
+        for name, xs in logs.items():
+            out.setdefault(name, {})[key] = math.exp(sum(xs) / len(xs))
+    return out
 
 
 def _pct(v: float) -> str:

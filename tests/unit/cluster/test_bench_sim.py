@@ -73,6 +73,10 @@ def test_quick_smoke_run_writes_json(tmp_path: Path) -> None:
     for m in cfg["policies"].values():
         assert m["latency_over_lower_bound"] >= 1.0 and m["decode_tok_s_busy"] > 0
         assert m["latency_over_capacity_bound"] >= 1.0 and m["busy_over_work_bound"] >= 1.0
+    gm = doc["summary"]["bounds_geomean"]
+    assert set(gm) == set(cfg["policies"])
+    for name, g in gm.items():  # one configuration: the geometric mean is its own ratio
+        assert g["latency_over_capacity_bound"] == pytest.approx(cfg["policies"][name]["latency_over_capacity_bound"])
 
 
 def test_a_checkpoint_written_before_the_decode_rename_still_resumes(tmp_path: Path) -> None:
