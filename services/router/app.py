@@ -35,7 +35,7 @@ from services.router import tracing as router_tracing
 from services.router.auth import Authenticator, ReloadingAuthenticator, bearer_key
 from services.router.core import programs
 from services.router.core.model import Grant, NewRequest, Session
-from services.router.core.ratelimit import parse_limits
+from services.router.core.ratelimit import limit_for, parse_limits
 from services.router.core.state import SessionBusy, SessionConflict, UnknownSession
 from services.router.prompt_length import PromptCounter
 from services.router.proxy import Exchange, error_response, serve, unavailable
@@ -178,11 +178,10 @@ class Gateway:
         check_context(parsed, rt.max_model_len(parsed.model))
         # per tenant: the budget's (ConfigureTenants, the same on every router) over the keys file's
         # over the settings'; "*" from the router's own configuration covers every tenant not named
-        keyfile = self.auth.limits if isinstance(self.auth, ReloadingAuthenticator) else None
-        limits = ({**self.base_limits, **(keyfile or {}), **rt.budget_limits} if keyfile or rt.budget_limits
-                  else self.base_limits)  # no per-request dict unless there is something to merge
-        if limits:
-            decision, rate_headers = await admit(self.limiter, limits, tenant, parsed.prompt_tokens_estimate,
+        keyfile = self.auth.limits if isinstance(self.auth, ReloadingAuthenticator) else {}
+        limit = limit_for(rt.budget_limits, tenant, keyfile, self.base_limits)
+        if limit.active:
+            decision, rate_headers = await admit(self.limiter, limit, tenant, parsed.prompt_tokens_estimate,
                                                  parsed.max_tokens, self.settings.default_output_tokens,
                                                  rt.clock.unix())
             if decision is not None and not decision.allowed:  # OpenAI's 429; nothing changed

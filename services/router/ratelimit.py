@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 from services.common import keys
 from services.common.aio import within
 from services.common.core.ratelimit import RateLimit
-from services.router.core.ratelimit import WINDOW_US, RateDecision, gcra, limit_for, token_cost
+from services.router.core.ratelimit import WINDOW_US, RateDecision, gcra, token_cost
 
 # KEYS[1] the tenant's hash; ARGV: now_us, window_us, rpm, tpm, cost
 # returns {allowed, exceeded, level_requests_us, level_tokens_us, retry_after_us}
@@ -115,12 +115,12 @@ def _text(v: object) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-async def admit(limiter: RateLimiter, limits: dict[str, RateLimit], tenant: str, prompt_tokens_estimate: int,
+async def admit(limiter: RateLimiter, limit: RateLimit, tenant: str, prompt_tokens_estimate: int,
                 max_tokens: int | None, default_output_tokens: int,
                 now_unix_s: float) -> tuple[RateDecision | None, dict[str, str]]:
-    """Check one request of ``tenant``: (the decision, or None when it has no limit or the
-    limiter is unavailable; the ``x-ratelimit-*`` headers for its response)."""
-    limit = limit_for(limits, tenant)
+    """Check one request of ``tenant`` against its ``limit`` (``limit_for``): (the decision, or
+    None when it has no limit or the limiter is unavailable; the ``x-ratelimit-*`` headers for
+    its response)."""
     if not limit.active:
         return None, {}
     cost = token_cost(prompt_tokens_estimate, max_tokens, default_output_tokens)

@@ -20,6 +20,7 @@ microseconds on the shared Unix clock (model time, docs/architecture.md#model-ti
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,8 +55,16 @@ def parse_limits(raw: object, where: str) -> dict[str, RateLimit]:
     return out
 
 
-def limit_for(limits: dict[str, RateLimit], tenant: str) -> RateLimit:
-    return limits.get(tenant) or limits.get("*") or NO_LIMIT
+def limit_for(limits: Mapping[str, RateLimit], tenant: str, *weaker: Mapping[str, RateLimit]) -> RateLimit:
+    """The tenant's limit in ``limits``, else in each of ``weaker`` in turn; then ``"*"`` the same
+    way; else none. (The router's layers, strongest first: the budget's, the keys file's, its
+    settings'; looked up in place, not merged per request.)"""
+    for key in (tenant, "*"):
+        for layer in (limits, *weaker):
+            hit = layer.get(key)
+            if hit is not None:
+                return hit
+    return NO_LIMIT
 
 
 def token_cost(prompt_tokens_estimate: int, max_tokens: int | None, default_output_tokens: int) -> int:
