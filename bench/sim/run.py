@@ -45,7 +45,7 @@ def run_task(task: Task) -> dict[str, Any]:
     cfg = SimConfig(replicas=p.replicas, profile=p.profile.name, concurrency=p.concurrency, seed=task.seed,
                     num_gpu_blocks=p.num_gpu_blocks, kv_events_credit=task.kv_events_credit)
     out = run_policy(trace, task.policy, cfg, profile=p.profile)
-    capacity_ratios(out.metrics, out.run, sim_capacity_bound(trace, cfg, p.profile))
+    capacity_ratios(out.metrics, out.run, point_capacity_bound(p, task.seed, task.max_turns))
     return {
         "point": p.key,
         "policy": task.policy,
@@ -66,8 +66,10 @@ def point_lower_bound(point: GridPoint, seed: int, max_turns: int | None) -> Low
     return cached_lower_bound(_trace(point.kind, point.sessions, seed, max_turns), point.profile)
 
 
+@functools.lru_cache(maxsize=8)
 def point_capacity_bound(point: GridPoint, seed: int, max_turns: int | None) -> CapacityBound:
-    """The capacity bound of a configuration (its trace on its fleet and worker count)."""
+    """The capacity bound of a configuration (its trace on its fleet and worker count), computed
+    once per process for all the policies run on it."""
     cfg = SimConfig(replicas=point.replicas, profile=point.profile.name, concurrency=point.concurrency,
                     num_gpu_blocks=point.num_gpu_blocks)
     return sim_capacity_bound(_trace(point.kind, point.sessions, seed, max_turns), cfg, point.profile)
