@@ -258,12 +258,8 @@ def run(args: argparse.Namespace) -> int:
             lb_mean = bound.mean_of(done)
             metrics[policy]["latency_over_lower_bound"] = (
                 metrics[policy]["mean_task_latency_s"] / lb_mean if lb_mean > 0 and done else None)
-            # the capacity bound sums over every session, so only a run that completed them all compares
-            whole = len(done) == len(sessions)
-            metrics[policy]["latency_over_capacity_bound"] = (
-                metrics[policy]["mean_task_latency_s"] / capacity.mean_task_latency_s if whole else None)
-            metrics[policy]["busy_over_work_bound"] = (
-                counters.busy_s / capacity.work_s if counters.busy_s is not None and capacity.work_s > 0 else None)
+            metrics[policy].update(capacity.ratios(metrics[policy]["mean_task_latency_s"], counters.busy_s,
+                                                   len(done) == len(sessions)))
             stack.stop()
             stack = None
         comparisons = {}

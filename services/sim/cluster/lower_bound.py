@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from services.sim.engine.engine import length_violation
+from services.sim.engine.engine import default_max_model_len, length_violation
 from services.sim.engine.profiles import Profile
 from services.sim.engine.step_time import StepTimeModel
 from services.sim.workload.trace import TraceSession
@@ -122,21 +122,31 @@ class _Batch1:
             p += n
         return t
 
-    def session(self, s: TraceSession) -> SessionBound:
-        bs = self.block
-        cached = (s.system_prompt_tokens // bs) if s.shared_prefix_id else 0
-        context = s.system_prompt_tokens
+    def session(self, s: TraceSession, max_model_len: int | None = None) -> SessionBound:
+        """``s`` alone; with ``max_model_len``, up to the request vLLM's 400 refuses."""
         llm = tool = 0.0
-        for turn in s.turns:
-            prompt = context + turn.append_tokens
-            out = turn.output_tokens
-            hit = min(cached, (prompt - 1) // bs) * bs
+        for prompt, hit, out, tool_s in turns_alone(s, self.block, max_model_len):
             llm += self.prefill_s(prompt, hit) + self.decode_s(prompt, out - 1)
-            cached = max(cached, (prompt + out - 1) // bs)
-            context = prompt + out
-            if turn.tool is not None:
-                tool += turn.tool.duration_s
+            tool += tool_s
         return SessionBound(s.session_id, llm + tool, llm, tool)
+
+
+def turns_alone(s: TraceSession, block_size: int, max_model_len: int | None = None,
+                ) -> Iterator[tuple[int, int, int, float]]:
+    """(prompt tokens, prefix hit, output tokens, the tool's seconds after it) of each turn of
+    ``s`` played alone with its cache never evicted (the module docstring's hit rule); with
+    ``max_model_len``, the turns before the first request vLLM's 400 refuses."""
+    bs = block_size
+    cached = (s.system_prompt_tokens // bs) if s.shared_prefix_id else 0
+    context = s.system_prompt_tokens
+    for turn in s.turns:
+        prompt = context + turn.append_tokens
+        out = turn.output_tokens
+        if max_model_len is not None and length_violation(prompt, out, max_model_len) is not None:
+            return  # vLLM's 400 ends the session here (as the simulator and the driver do)
+        yield prompt, min(cached, (prompt - 1) // bs) * bs, out, turn.tool.duration_s if turn.tool is not None else 0.0
+        cached = max(cached, (prompt + out - 1) // bs)
+        context = prompt + out
 
 
 def lower_bound(sessions: Sequence[TraceSession], profile: Profile,
@@ -234,6 +244,16 @@ class CapacityBound:
     min_steps: float
     binding: str  # "capacity" or "no-contention": which bound is larger
 
+    def ratios(self, mean_task_latency_s: float, busy_s: float | None, complete: bool) -> dict[str, float | None]:
+        """A run's ``latency_over_capacity_bound`` (None unless every session ``complete``d: the
+        bound counts them all, a mean over the completed ones does not) and ``busy_over_work_bound``
+        (its engines' busy seconds over the least work; None when unknown)."""
+        return {
+            "latency_over_capacity_bound": (mean_task_latency_s / self.mean_task_latency_s
+                                            if complete and self.mean_task_latency_s > 0 else None),
+            "busy_over_work_bound": busy_s / self.work_s if busy_s is not None and self.work_s > 0 else None,
+        }
+
     def to_json(self) -> dict[str, float | int | str]:
         return {"sessions": self.sessions, "mean_task_latency_s": self.mean_task_latency_s,
                 "no_contention_s": self.no_contention_s, "work_s": self.work_s,
@@ -252,19 +272,11 @@ class _Work:
         self.block = profile.block_size
 
     def session(self, s: TraceSession, max_model_len: int) -> SessionWork:
-        bs, budget, b1 = self.block, self.budget, self.b1
+        bs, budget = self.block, self.budget
         shared = (s.system_prompt_tokens // bs) * bs if s.shared_prefix_id else 0
-        cached = shared // bs
-        context = s.system_prompt_tokens
         seq_steps = tokens = sampled = kv = held = 0
-        pairs = alone = 0.0
-        for turn in s.turns:
-            prompt = context + turn.append_tokens
-            out = turn.output_tokens
-            if length_violation(prompt, out, max_model_len) is not None:
-                break  # vLLM's 400 ends the session here (as the simulator and the driver do)
-            hit = min(cached, (prompt - 1) // bs) * bs
-            alone += b1.prefill_s(prompt, hit) + b1.decode_s(prompt, out - 1)
+        pairs = 0.0
+        for prompt, hit, out, _ in turns_alone(s, bs, max_model_len):
             p = hit
             while p < prompt:  # prefill chunks of at most max_num_batched_tokens
                 n = min(prompt - p, budget)
@@ -283,22 +295,19 @@ class _Work:
                 kv += kv_d
                 pairs += kv_d
                 held += kv_d - d * shared
-            cached = max(cached, (prompt + out - 1) // bs)
-            context = prompt + out
-            if turn.tool is not None:
-                alone += turn.tool.duration_s
+        alone = self.b1.session(s, max_model_len).latency_s
         return SessionWork(s.session_id, seq_steps, tokens, sampled, kv, pairs, held, alone, s.arrival_s + alone)
 
     def steps(self, seq_steps: float, tokens: float, held: float) -> float:
         return max(seq_steps / self.max_seqs, tokens / self.budget, held / self.kv_tokens)
 
-    def seconds(self, seq_steps: float, tokens: float, sampled: float, kv_read: float, pairs: float,
+    def seconds(self, seq_steps: float, tokens: float, sampled: float, kv_read: float, attn_pairs: float,
                 held: float) -> float:
         """The least engine-seconds of this much work (section 3)."""
         u = self.u
         s = self.steps(seq_steps, tokens, held)
         lin = _l3(s * u.weights_s, tokens * u.flop_token_s + sampled * u.flop_sample_s)
-        attn = _l3(kv_read * u.kv_token_s, pairs * u.pair_s)
+        attn = _l3(kv_read * u.kv_token_s, attn_pairs * u.pair_s)
         return s * u.fixed_s + lin + attn + tokens * u.ar_token_s + seq_steps * u.seq_s
 
 
@@ -319,15 +328,17 @@ def capacity_bound(sessions: Sequence[TraceSession], profile: Profile, replicas:
     if n == 0:
         return CapacityBound(0, 0.0, 0.0, 0.0, 0.0, "no-contention")
     blocks = profile.default_num_gpu_blocks if num_gpu_blocks is None else num_gpu_blocks
-    max_len = min(profile.max_model_len, (blocks - 1) * profile.block_size)  # the engine's rule
+    max_len = default_max_model_len(profile, blocks)
     c = n if concurrency is None else min(concurrency, n)
     seqs = profile.max_num_seqs if max_num_seqs is None else max_num_seqs
     work = _Work(_batch1(profile, max_num_batched_tokens), profile, blocks * profile.block_size, min(seqs, c))
     ws = [work.session(s, max_len) for s in sessions]
     no_contention = sum(w.alone_s for w in ws) / n
-    fields = ("seq_steps", "tokens", "sampled", "kv_read", "attn_pairs", "held")
-    cols = [np.cumsum(np.sort(np.asarray([getattr(w, f) for w in ws], dtype=np.float64))) for f in fields]
-    by_work = np.asarray([work.seconds(*(float(col[j]) for col in cols)) / replicas for j in range(n)])
+    # section 3: each sum over the j cheapest sessions, j = 1 … n, taken separately
+    cols = {f: np.cumsum(np.sort(np.asarray([getattr(w, f) for w in ws], dtype=np.float64)))
+            for f in ("seq_steps", "tokens", "sampled", "kv_read", "attn_pairs", "held")}
+    by_work = np.asarray([work.seconds(**{f: float(col[j]) for f, col in cols.items()}) / replicas
+                          for j in range(n)])
     e = np.maximum(by_work, np.sort(np.asarray([w.completion_s for w in ws])))
     arrivals = [s.arrival_s for s in sessions]
     if c >= n:
@@ -345,7 +356,7 @@ def capacity_bound(sessions: Sequence[TraceSession], profile: Profile, replicas:
         sessions=n,
         mean_task_latency_s=max(capacity, no_contention),
         no_contention_s=no_contention,
-        work_s=work.seconds(*(float(col[-1]) for col in cols)),
-        min_steps=work.steps(float(cols[0][-1]), float(cols[1][-1]), float(cols[5][-1])),
+        work_s=work.seconds(**{f: float(col[-1]) for f, col in cols.items()}),
+        min_steps=work.steps(float(cols["seq_steps"][-1]), float(cols["tokens"][-1]), float(cols["held"][-1])),
         binding="capacity" if capacity > no_contention else "no-contention",
     )

@@ -59,9 +59,7 @@ def capacity_ratios(metrics: dict[str, Any], run: RunResult, bound: CapacityBoun
     """Add ``latency_over_capacity_bound`` (mean task latency / the capacity bound; None when
     vLLM's 400 ended sessions, which the bound counts and the mean leaves out) and
     ``busy_over_work_bound`` (engine-busy seconds / the least engine seconds of the trace)."""
-    lat, cb = float(metrics["mean_task_latency_s"]), bound.mean_task_latency_s
-    metrics["latency_over_capacity_bound"] = None if run.failed or cb <= 0 else lat / cb
-    metrics["busy_over_work_bound"] = run.busy_s / bound.work_s if bound.work_s > 0 else None
+    metrics.update(bound.ratios(float(metrics["mean_task_latency_s"]), run.busy_s, not run.failed))
 
 
 def machine() -> dict[str, Any]:

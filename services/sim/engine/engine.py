@@ -29,6 +29,13 @@ from services.sim.engine.tokens import TokenContent
 from services.sim.engine.types import FINISH_ABORT, FINISH_LENGTH, EngineRequest, FinishedRequest, StepResult
 
 
+def default_max_model_len(profile: Profile, num_gpu_blocks: int) -> int:
+    """The engine's ``max_model_len`` when none is given: the profile's, shrunk to what the KV
+    cache holds (vLLM refuses to start when one max-length request cannot fit; one block is
+    vLLM's null block), as its error message suggests."""
+    return min(profile.max_model_len, (num_gpu_blocks - 1) * profile.block_size)
+
+
 def length_violation(prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> str | None:
     """Which field of a request vLLM's API server refuses with a 400 before the engine sees it,
     or None: ``"prompt"`` when the prompt alone reaches ``max_model_len``, ``"max_tokens"`` when
@@ -96,11 +103,9 @@ class Engine:
         )
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
-        # vLLM refuses to start when one max-length request cannot fit in the KV cache; without an
-        # explicit max_model_len we shrink it to what fits (as its error message suggests).
         usable_tokens = (self.num_gpu_blocks - 1) * self.block_size
         if max_model_len is None:
-            self.max_model_len = min(profile.max_model_len, usable_tokens)
+            self.max_model_len = default_max_model_len(profile, self.num_gpu_blocks)
         else:
             if max_model_len > usable_tokens:
                 raise ValueError(
