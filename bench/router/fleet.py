@@ -8,6 +8,10 @@ Phases, each on a fresh Redis and the same emulated replica, the same closed-loo
 (``--sessions`` sessions, ``--turns`` sequential requests each):
 
 - ``single``: one router, ``fleet`` off (today's deployment);
+- ``single, a third of the load``: the same router with a third of the sessions, each running
+  three times the turns (the same number of requests): what one router costs per request at
+  the load each of three routers sees, so that the three-router phases can be read against the
+  load each process carries as well as against ``single``;
 - ``fleet-1``: one router, ``fleet`` on;
 - ``3 solo routers hashed``: three routers with ``fleet`` off, each session always sent to the
   same one (not a valid deployment: they overwrite each other's epoch and each admits up to the
@@ -141,9 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     take_s: float | None = None
     try:
-        for name, n, fleet, spread in (("single", 1, False, "hash"), ("fleet-1", 1, True, "hash"),
-                                       ("3 solo routers hashed", 3, False, "hash"),
-                                       ("fleet-3 hashed", 3, True, "hash"), ("fleet-3 round-robin", 3, True, "rr")):
+        third = max(1, args.sessions // 3)
+        for name, n, fleet, spread, sessions, turns in (
+                ("single", 1, False, "hash", args.sessions, args.turns),
+                ("single, a third of the load", 1, False, "hash", third, args.turns * args.sessions // third),
+                ("fleet-1", 1, True, "hash", args.sessions, args.turns),
+                ("3 solo routers hashed", 3, False, "hash", args.sessions, args.turns),
+                ("fleet-3 hashed", 3, True, "hash", args.sessions, args.turns),
+                ("fleet-3 round-robin", 3, True, "rr", args.sessions, args.turns)):
             with stack(replica.url, n, fleet, args.policy, args.member_ttl_s) as (server, routers):
                 urls = [r.url for r in routers]
                 asyncio.run(load(urls, 4, 1, spread, "warm"))
@@ -152,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                 idle_rate = (sum(cpu_seconds(r.pid) for r in routers) - idle0) / IDLE_S
                 before = sum(cpu_seconds(r.pid) for r in routers)
                 t0 = time.perf_counter()
-                ok, bad = asyncio.run(load(urls, args.sessions, args.turns, spread, "s"))
+                ok, bad = asyncio.run(load(urls, sessions, turns, spread, "s"))
                 wall = time.perf_counter() - t0
                 cpu = sum(cpu_seconds(r.pid) for r in routers) - before
                 net = max(0.0, cpu - idle_rate * wall)
@@ -164,10 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     base, base_net = rows[0][6], rows[0][7]
     print(f"router fleet: {args.sessions} sessions x {args.turns} turns, policy {args.policy}, replica x"
           f"{args.time_scale:g}; all processes share this machine")
-    print(f"{'phase':<22}{'routers':>8}{'answered':>10}{'failed':>8}{'wall s':>9}{'router cpu s':>14}"
+    print(f"{'phase':<30}{'routers':>8}{'answered':>10}{'failed':>8}{'wall s':>9}{'router cpu s':>14}"
           f"{'cpu ms/req':>12}{'vs single':>11}{'net ms/req':>12}{'vs single':>11}")
     for name, n, ok, bad, wall, cpu, per, net in rows:
-        print(f"{name:<22}{n:>8}{ok:>10}{bad:>8}{wall:>9.2f}{cpu:>14.2f}{per * 1000:>12.2f}{per / base:>10.2f}x"
+        print(f"{name:<30}{n:>8}{ok:>10}{bad:>8}{wall:>9.2f}{cpu:>14.2f}{per * 1000:>12.2f}{per / base:>10.2f}x"
               f"{net * 1000:>12.2f}{net / max(1e-9, base_net):>10.2f}x")
     print(f"net = router CPU minus the routers' idle CPU rate ({IDLE_S:g} s measured before each phase) x the "
           "phase's wall time")
