@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from services.common.records import TenantDemandRecord
+from services.common.records import SessionRecord, TenantDemandRecord
 
 #: Redis TIME in ms (scripts are replicated by effects since Redis 5, so TIME is allowed)
 _NOW = """
@@ -234,3 +234,20 @@ def merge_demand(records: Iterable[TenantDemandRecord]) -> list[TenantDemandReco
             "updated_at_unix_s": max(cur.updated_at_unix_s, rec.updated_at_unix_s),
         })
     return list(out.values())
+
+
+def fleet_used(sessions: Iterable[SessionRecord]) -> dict[str, int]:
+    """Each replica's admitted tokens over every live router's sessions: their footprints, and
+    one copy of each shared prefix they hold there (an admitted session's footprint is then
+    without it; docs/algorithms.md#footprint), however many routers' sessions share it."""
+    used: dict[str, int] = {}
+    copies: dict[tuple[str, str], int] = {}
+    for s in sessions:
+        if s.admitted and s.replica is not None:
+            used[s.replica] = used.get(s.replica, 0) + s.footprint_tokens
+            if s.shared_tokens and s.prefix_key:
+                key = (s.replica, s.prefix_key)
+                copies[key] = max(copies.get(key, 0), s.shared_tokens)
+    for (rid, _), tokens in copies.items():
+        used[rid] = used.get(rid, 0) + tokens
+    return used

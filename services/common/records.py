@@ -102,6 +102,13 @@ class SessionRecord(Record):
     acting_since_unix_s: float | None = None
     #: the model its latest request named ("" = none: any replica)
     model: str = ""
+    #: the prefix it shares with other sessions (system prompt, tools; "" = none) and its
+    #: estimated tokens; ``shared_tokens``: the part of its footprint one copy per replica
+    #: covers, when the router reserves shared prefixes once (``footprint_tokens`` is then
+    #: without it for an admitted session; docs/algorithms.md#footprint)
+    prefix_key: str = ""
+    prefix_tokens: int = Field(default=0, ge=0)
+    shared_tokens: int = Field(default=0, ge=0)
 
 
 class ReplicaRecord(Record):

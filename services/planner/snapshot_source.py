@@ -17,7 +17,7 @@ from typing import TypeVar
 import redis.asyncio as aioredis
 
 from services.common import keys
-from services.common.fleet import LIVE_EPOCHS, epoch_counts, merge_demand
+from services.common.fleet import LIVE_EPOCHS, epoch_counts, fleet_used, merge_demand
 from services.common.records import (
     AllocationRecord,
     PredictionRecord,
@@ -95,12 +95,9 @@ class SnapshotSource:
         demand = parse(TenantDemandRecord, raw_demand, router_epoch, router=True)
         if fleet:
             # each router counts only its own sessions on a replica: the replica's use is the
-            # sum over every live router's admitted sessions
+            # sum over every live router's admitted sessions (fleet_used)
             demand = merge_demand(demand)
-            used: dict[str, int] = {}
-            for s in sessions:
-                if s.admitted and s.replica is not None:
-                    used[s.replica] = used.get(s.replica, 0) + s.footprint_tokens
+            used = fleet_used(sessions)
             replicas = [r.model_copy(update={"used_tokens": used.get(r.replica_id, 0)}) for r in replicas]
         allocation = None
         if raw_alloc is not None and self.settings.use_tenant_headroom:

@@ -199,7 +199,7 @@ class Gateway:
         arrived = rt.now()
         try:
             pending = rt.submit(NewRequest(request_id, sid, tenant, single, parsed.prompt_tokens_estimate,
-                                           parsed.max_tokens, parsed.model))
+                                           parsed.max_tokens, parsed.model, parsed.prefix_key, parsed.prefix_tokens))
         except SessionConflict as exc:
             raise RequestError(409, str(exc), param="x-session-id", code="session_conflict") from exc
         own_s = rt.now() - entered

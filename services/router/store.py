@@ -98,7 +98,7 @@ class StateStore:
             created_at_unix_s=u(s.created_s), updated_at_unix_s=u(s.updated_s),
             waiting_since_unix_s=None if s.waiting_since_s is None else u(s.waiting_since_s),
             acting_since_unix_s=None if s.acting_since_s is None else u(s.acting_since_s),
-            model=s.model,
+            model=s.model, prefix_key=s.prefix_key, prefix_tokens=s.prefix_tokens, shared_tokens=s.shared_tokens,
         )
 
     def session_from_record(self, r: SessionRecord) -> Session:
@@ -111,6 +111,7 @@ class StateStore:
             cache=tuple(replace(e, observed_at_s=f(e.observed_at_s)) for e in r.cache),
             acting_since_s=None if r.acting_since_unix_s is None else f(r.acting_since_unix_s),
             last_cached_tokens=r.last_cached_tokens, last_ttft_s=r.last_ttft_s, model=r.model,
+            prefix_key=r.prefix_key, prefix_tokens=r.prefix_tokens,
         )
 
     def replica_record(self, rid: str, now_s: float) -> ReplicaRecord | None:

@@ -13,10 +13,19 @@ literal ``extra_body`` object) is stripped; a streaming request gets
 ``stream_options.include_usage`` so the router sees usage (the final usage chunk is then
 removed from the client's stream if the client did not ask for it). ``tao_synthetic`` is
 forwarded untouched. When nothing changes the original bytes are forwarded as they came.
+
+The shared prefix (``ParsedRequest.prefix_key``, ``prefix_tokens``): what a chat request shares
+with other sessions' prompts, read by content: the model, the ``tools`` and the leading
+``system`` / ``developer`` messages, which chat templates render first, so vLLM's prefix cache
+holds them once for every session that sends them. The key is a CRC-32 and length of those parts
+(the same in every router of a fleet); the tokens are estimated like the prompt's. A synthetic
+request names its shared prefix (``tao_synthetic.shared_prefix_id`` and
+``system_prompt_tokens``). A completions prompt has no such structure: no key.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +72,10 @@ class ParsedRequest:
     #: the request offers ``tools``: only then can the answer call one (the relay looks for tool
     #: calls in the stream only then: services/router/core/tools.py)
     has_tools: bool = False
+    #: what it shares with other sessions' prompts ("" = nothing known) and that part's
+    #: estimated tokens (see the module docstring)
+    prefix_key: str = ""
+    prefix_tokens: int = 0
 
 
 def _bad(message: str, param: str | None, code: str = "invalid_value") -> RequestError:
@@ -87,6 +100,20 @@ def check_session_id(value: object, param: str) -> str:
     if not text or len(text) > MAX_SESSION_ID_CHARS or not text.isprintable():
         raise _bad(f"'{param}' must be 1-{MAX_SESSION_ID_CHARS} printable characters", param)
     return text
+
+
+def _shared_prefix(model: str, messages: list[Any], tools: Any) -> tuple[str, int]:
+    """The key and estimated tokens of a chat request's shared prefix: its model, ``tools`` and
+    leading system / developer messages ("" and 0 when it has neither)."""
+    lead = 0
+    while lead < len(messages) and messages[lead].get("role") in ("system", "developer"):
+        lead += 1
+    if lead == 0 and not tools:
+        return "", 0
+    tool_blob = orjson.dumps(tools) if tools else b""
+    blob = orjson.dumps([model, messages[:lead]]) + tool_blob
+    tokens = _estimate_chat(messages[:lead]) + len(tool_blob) // CHARS_PER_TOKEN
+    return f"{zlib.crc32(blob):08x}{len(blob):x}", tokens
 
 
 def _estimate_chat(messages: list[Any]) -> int:
@@ -178,12 +205,14 @@ def parse_request(raw: bytes, chat: bool) -> ParsedRequest:
                            "invalid_type")
         estimate = _estimate_chat(messages)
         exact = False
+        prefix_key, prefix_tokens = _shared_prefix(model, messages, body.get("tools"))
     else:
         if "prompt" not in body:
             raise _bad("'prompt' is a required property", "prompt", "missing_required_parameter")
         _check_prompt(body["prompt"])
         estimate = _estimate_prompt(body["prompt"])
         exact = _token_ids(body["prompt"])
+        prefix_key, prefix_tokens = "", 0
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -204,6 +233,9 @@ def parse_request(raw: bytes, chat: bool) -> ParsedRequest:
     if synthetic is not None:
         estimate = synthetic
         exact = True
+        syn = body["tao_synthetic"]
+        spi = syn.get("shared_prefix_id")
+        prefix_key, prefix_tokens = (f"synthetic:{spi}", int(syn.get("system_prompt_tokens", 0))) if spi else ("", 0)
 
     changed = False
     session_id: str | None = None
@@ -228,11 +260,13 @@ def parse_request(raw: bytes, chat: bool) -> ParsedRequest:
             head = raw.rstrip()[:-1].rstrip()
             sep = b"" if head.endswith(b"{") else b","
             return ParsedRequest(model, stream, False, session_id, estimate, limit,
-                                 head + sep + b'"stream_options":{"include_usage":true}}', exact, has_tools)
+                                 head + sep + b'"stream_options":{"include_usage":true}}', exact, has_tools,
+                                 prefix_key, prefix_tokens)
         body["stream_options"] = {**(options or {}), "include_usage": True}
         changed = True
     upstream = orjson.dumps(body) if changed else raw
-    return ParsedRequest(model, stream, bool(include), session_id, estimate, limit, upstream, exact, has_tools)
+    return ParsedRequest(model, stream, bool(include), session_id, estimate, limit, upstream, exact, has_tools,
+                         prefix_key, prefix_tokens)
 
 
 def check_context(parsed: ParsedRequest, max_model_len: int | None) -> None:

@@ -8,7 +8,8 @@ runs every registered name through the same invariants.
 
 | name             | gates | sees                                        | decides                                          | source |
 |------------------|-------|---------------------------------------------|--------------------------------------------------|--------|
-| tao              | yes   | decayed credit (h = 10 s), readiness, footprint, free capacity, compute load, predicted tool returns, context tokens, requests running per replica | as tao-hold, and a ready session left out may take the reservation of admitted ACTING sessions whose Continuum TTL has run out and whose tool is predicted to outlast the shortest predicted turn of the ready sessions left out on that replica (the DP drops the fewest); the router admits the request of a session alone in the pool at arrival, on the replica with the most credit, then the fewest requests in flight | this project (docs/algorithms.md#policies-tao-and-tao-paper) |
+| tao              | yes   | decayed credit (h = 10 s), readiness, footprint, free capacity, compute load, predicted tool returns, context tokens, requests running per replica | as tao-hold, and a ready session left out may take the reservation of admitted ACTING sessions whose Continuum TTL has run out and whose tool is predicted to outlast the shortest predicted turn of the ready sessions left out on that replica (the DP drops the fewest); the router admits the request of a session alone in the pool at arrival, on the replica with the most credit, then the fewest requests in flight; a prefix the sessions share (system prompt, tools) is reserved once per replica | this project (docs/algorithms.md#policies-tao-and-tao-paper) |
+| tao-per-session  | yes   | as tao                                       | as tao, with every session's footprint counting its shared prefix in full (the shipped tao until 2026-12-05) | tao ablation |
 | tao-hold         | yes   | decayed credit (h = 10 s), readiness, footprint, free capacity, compute load | pauses by ascending value past 5 % over capacity; admission+placement by the DP on (Σr, Σk, Σf); ties spread by compute load; a tool's KV held while it runs (the shipped tao until 2026-12-03; the base of the tao-* levers below, whose "as tao" means as tao-hold) | this project |
 | tao-paper        | yes   | decayed credit (h = 10 s), readiness, footprint, free capacity | pauses by ascending value; admission+placement by the capacity-state DP (lexicographic Σk, Σr, Σf); ties spread by compute load | the TAO paper |
 | tao-no-decay     | yes   | as tao-paper, credit k = k0                  | as tao-paper                                     | TAO paper ablation |
@@ -59,6 +60,7 @@ class UnknownPolicyError(ValueError):
 
 POLICIES: dict[str, Callable[[], Policy]] = {
     "tao": lambda: TaoPolicy("tao", TAO),
+    "tao-per-session": lambda: TaoPolicy("tao-per-session", replace(TAO, share_prefixes=False)),
     "tao-hold": lambda: TaoPolicy("tao-hold", TAO_HOLD),
     "tao-paper": lambda: TaoPolicy("tao-paper", TAO_PAPER),
     "tao-no-decay": lambda: TaoPolicy("tao-no-decay", replace(TAO_PAPER, values=ValueConfig(half_life_s=None))),

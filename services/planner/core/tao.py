@@ -103,6 +103,12 @@ class DecodeStepFit:
     per_expert_share_s: float = 0.0
     expert_miss: float = 1.0
 
+    @property
+    def weight_bound_kv_tokens(self) -> int:
+        """The KV tokens whose read costs a decode step as much as its constant part (the
+        weights): below it a step is bound by the weights, whatever the batch holds."""
+        return int(self.constant_s / self.per_kv_token_s) if self.per_kv_token_s > 0 else 0
+
     def step_s(self, batch: int, kv_tokens: int) -> float:
         b = max(1, batch)
         return (self.constant_s + self.per_seq_s * b + self.per_kv_token_s * max(0, kv_tokens)
@@ -166,7 +172,15 @@ class TaoConfig:
     the solve may admit any left-out session into the freed tokens (on 2-node SWE-lite c128, 195
     of 287 borrowers had a predicted turn longer than a dropped tool's predicted remaining time);
     with it, level with ``tao`` on the grid
-    (docs/benchmarks.md#the-turn-bound-for-every-borrower-2026-12-05-not-shipped)."""
+    (docs/benchmarks.md#the-turn-bound-for-every-borrower-2026-12-05-not-shipped);
+    ``share_prefixes``: on a replica whose whole KV cache read costs a decode step less time than
+    its weights read (``decode_model``: KV tokens × per-token cost < the step's constant), the
+    router reserves a prefix that sessions share (the same system prompt and tools) once instead
+    of once per session, as vLLM's prefix cache stores it once; there an extra sequence is nearly
+    free throughput, so the tokens are worth more as admitted sessions. Where the KV read
+    dominates, the copies stay counted per session and the tokens they stand for keep paused
+    sessions' blocks cached (``CoreConfig.share_prefixes_below_tokens``;
+    docs/algorithms.md#footprint)."""
 
     values: ValueConfig = FULL_VALUES
     placement: str = "dp"
@@ -191,6 +205,7 @@ class TaoConfig:
     decode_model: DecodeStepFit = field(default_factory=DecodeStepFit)
     idle_reclaim: bool = False
     borrow_bound: bool = False
+    share_prefixes: bool = False
 
 
 TAO_PAPER = TaoConfig(spread=True)
@@ -211,7 +226,7 @@ three changes measured on the simulator grid:
 
 It holds an admitted session's KV reservation for as long as its tool runs."""
 
-TAO = replace(TAO_HOLD, ttl=True, ttl_turn=True, fast_admit=True)
+TAO = replace(TAO_HOLD, ttl=True, ttl_turn=True, fast_admit=True, share_prefixes=True)
 """The shipped ``tao`` policy: ``TAO_HOLD`` plus the TTL reclaim bounded by the turn time (the
 ``tao-ttl-turn`` lever until 2026-12-03; docs/benchmarks.md#the-reclaim-that-never-happened-plan-revalidation-fixed):
 a ready pool session the DP leaves out may take the reservation of admitted ACTING sessions whose
@@ -219,7 +234,9 @@ Continuum TTL has run out (``ttl_expired``) and whose tool is predicted to run l
 shortest predicted turn (``turn_s``) of the ready sessions left out on their replica (``lends``);
 dropped incumbents are paused, fewest first, readiness still ranking first (``TaoPolicy._reclaim``);
 and, since 2026-12-05, a session alone in the pool admitted by the router core at its request's
-arrival (``fast_admit``, ``CoreConfig.fast_admit`` "cache"; docs/algorithms.md#policies-tao-and-tao-paper)."""
+arrival (``fast_admit``, ``CoreConfig.fast_admit`` "cache"; docs/algorithms.md#policies-tao-and-tao-paper),
+and, on replicas whose decode step stays weight-bound with a full cache, a prefix the sessions
+share reserved once (``share_prefixes``; docs/algorithms.md#footprint)."""
 
 TAO_BORROW = replace(TAO, borrow_bound=True)
 """``tao-borrow``: ``TAO`` whose reclaimed tokens go only to sessions whose own predicted turn ends
@@ -396,6 +413,11 @@ class TaoPolicy:
         # The router core reads this (CoreConfig.lend): a plan's assignment may exceed free room.
         self.lend = self.config.lend
         self._loans: dict[str, _Loan] = {}  # tao-lend: borrower -> its loan
+        # The router core reads this (CoreConfig.share_prefixes_below_tokens): on a replica of at
+        # most this many KV tokens a prefix that sessions share is reserved once, so the
+        # footprints the DP packs are what each session adds there.
+        self.shares_prefixes_below_tokens = self.config.decode_model.weight_bound_kv_tokens \
+            if self.config.share_prefixes else 0
 
     def hold_limit_s(self, prompt_tokens: int) -> float:
         """``TaoConfig.overcommit``: how long a held request of ``prompt_tokens`` may wait before

@@ -10,7 +10,10 @@ pool = the planner pool.
 
 What it sees: per replica the tokens of its admitted programs (acting ones weighted by
 ``acting_token_weight``), a per-program buffer (``BUFFER_PER_PROGRAM`` = 100 tokens), and
-program sizes. It never sees credit, readiness or tool predictions.
+program sizes. It never sees credit, readiness or tool predictions. Every program's tokens count
+in full, a shared system prompt included: ``BackendState.shared_tokens`` stays 0 upstream (the
+scheduler never calls ``update_shared_tokens``; commit 699f111 has the call commented out "for
+conservative capacity"), so the router core runs it without ``CoreConfig.share_prefixes_below_tokens``.
 
 What it decides:
 - On arrival: a new program is placed at once — on the replica with the fewest active program

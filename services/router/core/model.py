@@ -76,8 +76,19 @@ class CoreConfig:
     #: whatever the session does next (Continuum's TTL expiry unpins) leave it False. Set from
     #: the policy's ``reclaims_between_requests``.
     drop_resumed_reclaims: bool = False
+    #: gating only: on a replica whose KV cache holds at most this many tokens (0: none), a
+    #: prefix that sessions share (``NewRequest.prefix_key``: the same system prompt and tools)
+    #: is reserved once, as vLLM's prefix cache holds it once, not once per session
+    #: (docs/algorithms.md#footprint). An admitted session there adds its footprint less the
+    #: shared part, and the replica the shared part once for each key its admitted sessions
+    #: hold; a pool session counts the shared part only where every replica it may go to
+    #: shares and holds its key already. Set from the policy's ``shares_prefixes_below_tokens``
+    #: (``tao``: where a decode step with the whole cache read is still bound by the weights).
+    share_prefixes_below_tokens: int = 0
 
     def __post_init__(self) -> None:
+        if self.share_prefixes_below_tokens < 0:
+            raise ValueError(f"share_prefixes_below_tokens must be >= 0, got {self.share_prefixes_below_tokens}")
         if self.fast_admit not in FAST_ADMIT_RULES:
             raise ValueError(f"fast_admit must be one of {sorted(FAST_ADMIT_RULES)}, got {self.fast_admit!r}")
         if not 0.0 < self.target_utilisation <= 1.0:
@@ -146,6 +157,14 @@ class Session:
     last_cached_tokens: int = 0
     last_ttft_s: float | None = None
     footprint_tokens: int = 0
+    #: the prefix it shares with other sessions (``NewRequest.prefix_key``; "" = none) and its
+    #: estimated tokens; with ``CoreConfig.share_prefixes_below_tokens`` a replica may reserve it once
+    prefix_key: str = ""
+    prefix_tokens: int = 0
+    #: the part of the full footprint a replica's one copy of the shared prefix covers (0 where
+    #: its replica does not share prefixes); ``footprint_tokens`` is the full footprint less it
+    #: where the copy is (or would be) held already
+    shared_tokens: int = 0
     #: a replica failed under this session: its next requests avoid it until re-placed
     avoid: frozenset[str] = frozenset()
     #: the model its latest request named (only replicas serving it are eligible; "" = any)
@@ -211,6 +230,11 @@ class NewRequest:
     max_tokens: int | None = None
     #: the request's ``model`` ("" = unnamed: any replica)
     model: str = ""
+    #: what the request shares with other sessions' prompts, by content (the gateway's hash of
+    #: the model, the tools and the leading system and developer messages; "" = nothing known)
+    #: and that part's estimated tokens
+    prefix_key: str = ""
+    prefix_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

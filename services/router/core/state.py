@@ -74,17 +74,20 @@ class PolicyFlags(TypedDict):
     fast_admit: str
     lend: bool
     drop_resumed_reclaims: bool
+    share_prefixes_below_tokens: int
 
 
 def policy_flags(policy: Policy) -> PolicyFlags:
     """The ``CoreConfig`` fields a policy decides, for ``CoreConfig(..., **policy_flags(policy))``
     (the router's runtime and the simulator build the core alike): gating and stickiness, and
-    the optional attributes ``fast_admit``, ``lend`` and ``reclaims_between_requests`` (default
-    False; the last sets ``drop_resumed_reclaims``)."""
+    the optional attributes ``fast_admit``, ``lend``, ``reclaims_between_requests`` (default
+    False; it sets ``drop_resumed_reclaims``) and ``shares_prefixes_below_tokens`` (0 when absent)."""
     return PolicyFlags(
         gating=bool(policy.gates_admission), sticky=bool(policy.sticky),
         fast_admit=str(getattr(policy, "fast_admit", "") or ""), lend=bool(getattr(policy, "lend", False)),
         drop_resumed_reclaims=bool(getattr(policy, "reclaims_between_requests", False)),
+        share_prefixes_below_tokens=int(getattr(policy, "shares_prefixes_below_tokens", 0) or 0)
+        if policy.gates_admission else 0,
     )
 
 
@@ -121,7 +124,13 @@ class RouterCore:
         self.sessions: dict[str, Session] = {}
         self.replicas: dict[str, Replica] = {}
         self.used: dict[str, int] = {}
-        self._contrib: dict[str, tuple[str, int] | None] = {}  # session -> (replica, footprint) counted in used
+        #: session -> (replica, tokens it adds to ``used`` there, prefix key, shared tokens)
+        self._contrib: dict[str, tuple[str, int, str, int] | None] = {}
+        #: ``CoreConfig.share_prefixes_below_tokens``: per prefix key, per replica, its admitted sessions, and
+        #: the tokens of the one copy each such replica's ``used`` counts
+        self._prefix_refs: dict[str, dict[str, int]] = {}
+        self._prefix_held: dict[tuple[str, str], int] = {}
+        self._usable_ids: frozenset[str] = frozenset()
         self._pool: set[str] = set()  # sessions not admitted (gating: waiting for a plan, or paused)
         self.held: dict[str, HeldRequest] = {}  # insertion order is arrival order (FIFO)
         self._held_by_tenant: dict[str, dict[str, HeldRequest]] = {}  # the same, per tenant
@@ -163,17 +172,30 @@ class RouterCore:
         largest = self._largest_by_model.get(s.model, self._largest_capacity) if s.model else self._largest_capacity
         if 0 < largest < s.footprint_tokens:
             s.footprint_tokens = largest
+        shared = 0
+        if self.config.share_prefixes_below_tokens and s.prefix_key and (
+                not s.admitted or s.replica is None or self._shares(s.replica)):
+            shared = min(s.prefix_tokens, s.footprint_tokens, s.tokens.last_prompt_tokens or s.footprint_tokens)
+        s.shared_tokens = shared
         known = s.id in self._contrib
         old = self._contrib.get(s.id)
-        new = (s.replica, s.footprint_tokens) if s.admitted and s.replica is not None else None
+        new = ((s.replica, s.footprint_tokens - shared, s.prefix_key, shared)
+               if s.admitted and s.replica is not None else None)
+        moved: list[str] = []  # prefix keys whose copies changed replicas
         if old != new:
+            if new is not None:  # the new share first: a session that stays keeps the copy
+                self.used[new[0]] = self.used.get(new[0], 0) + new[1]
+                self._d_replicas.add(new[0])
+                if new[3] and self._hold_prefix(new[0], new[2], new[3]):
+                    moved.append(new[2])
             if old is not None:
                 self.used[old[0]] = self.used.get(old[0], 0) - old[1]
                 self._d_replicas.add(old[0])
-            if new is not None:
-                self.used[new[0]] = self.used.get(new[0], 0) + new[1]
-                self._d_replicas.add(new[0])
+                if old[3] and self._release_prefix(old[0], old[2]):
+                    moved.append(old[2])
         self._contrib[s.id] = new
+        if shared and (s.admitted or self._prefix_everywhere(s)):
+            s.footprint_tokens -= shared  # its copy is held where it is, or would be
         if s.admitted:
             self._pool.discard(s.id)
         else:
@@ -183,6 +205,8 @@ class RouterCore:
         self._d_ended.discard(s.id)
         if pool_changed or not known or (old is None) != (new is None):
             self._d_pool.add(s.id)
+        for key in moved:
+            self._prefix_moved(key)
 
     def _end(self, session_id: str) -> Session | None:
         old = self.sessions.pop(session_id, None)
@@ -193,11 +217,57 @@ class RouterCore:
         if contrib is not None:
             self.used[contrib[0]] = self.used.get(contrib[0], 0) - contrib[1]
             self._d_replicas.add(contrib[0])
+            if contrib[3] and self._release_prefix(contrib[0], contrib[2]):
+                self._prefix_moved(contrib[2])
         self._d_sessions.discard(session_id)
         self._d_ended.add(session_id)
         self._d_pool.add(session_id)
         self.last_reject.pop(session_id, None)
         return old
+
+    def _hold_prefix(self, rid: str, key: str, tokens: int) -> bool:
+        """An admitted session of prefix ``key`` joins replica ``rid``: the first one there adds
+        the shared copy (``tokens``) to its ``used``. True when the copy is new there."""
+        refs = self._prefix_refs.setdefault(key, {})
+        n = refs.get(rid, 0)
+        refs[rid] = n + 1
+        if n == 0:
+            self._prefix_held[(rid, key)] = tokens
+            self.used[rid] = self.used.get(rid, 0) + tokens
+        return n == 0
+
+    def _release_prefix(self, rid: str, key: str) -> bool:
+        """An admitted session of prefix ``key`` leaves ``rid``: the last one there takes the copy
+        along. True when it did."""
+        refs = self._prefix_refs.get(key, {})
+        n = refs.get(rid, 0) - 1
+        if n > 0:
+            refs[rid] = n
+            return False
+        refs.pop(rid, None)
+        if not refs:
+            self._prefix_refs.pop(key, None)
+        self.used[rid] = self.used.get(rid, 0) - self._prefix_held.pop((rid, key), 0)
+        return True
+
+    def _shares(self, rid: str) -> bool:
+        """Replica ``rid`` reserves a shared prefix once (``CoreConfig.share_prefixes_below_tokens``)."""
+        rep = self.replicas.get(rid)
+        return rep is not None and 0 < rep.kv_capacity_tokens <= self.config.share_prefixes_below_tokens
+
+    def _prefix_everywhere(self, s: Session) -> bool:
+        """Every replica pool session ``s`` may go to shares prefixes and holds its prefix's copy
+        already, so admitting it adds only its footprint less the shared part."""
+        refs = self._prefix_refs.get(s.prefix_key)
+        if not refs:
+            return False
+        takes = [rid for rid, rep in self.replicas.items() if self._can_take(rep, s)]
+        return bool(takes) and all(rid in refs and self._shares(rid) for rid in takes)
+
+    def _prefix_moved(self, key: str) -> None:
+        """Which replicas hold ``key``'s copy changed: re-price the pool sessions sharing it."""
+        for sid in [sid for sid in self._pool if self.sessions[sid].prefix_key == key]:
+            self._put(self.sessions[sid])
 
     def _bump(self, counter: dict[str, int], tenant: str, delta: int) -> None:
         counter[tenant] = counter.get(tenant, 0) + delta
@@ -252,6 +322,8 @@ class RouterCore:
         held = HeldRequest(req.request_id, req.session_id, req.tenant, now_s, req.prompt_tokens_estimate,
                            req.max_tokens, model=req.model)
         self._hold(held)
+        if req.prefix_key:
+            s.prefix_key, s.prefix_tokens = req.prefix_key, max(0, req.prefix_tokens)
         moved = False
         if req.model and req.model != s.model:
             s.model = req.model
@@ -644,6 +716,12 @@ class RouterCore:
         self.replicas[rep.id] = rep
         self._replicas_changed()
         self.used.setdefault(rep.id, 0)
+        if (self.config.share_prefixes_below_tokens and old is not None
+                and old.kv_capacity_tokens != rep.kv_capacity_tokens):  # whether it shares prefixes may change
+            for s in [s for s in self.sessions.values() if s.admitted and s.replica == rep.id]:
+                self._put(s)
+            for key in list(self._prefix_refs):
+                self._prefix_moved(key)
         if old != rep:
             self._d_replicas.add(rep.id)
         if not rep.healthy and ((old is not None and old.healthy) or self._has_admitted(rep.id)):
@@ -666,6 +744,11 @@ class RouterCore:
                 for m in r.models:
                     by_model[m] = max(by_model.get(m, 0), cap)
         self._largest_by_model = by_model
+        usable = frozenset(rid for rid, r in self.replicas.items() if self.eligible(r))
+        if usable != self._usable_ids:
+            self._usable_ids = usable
+            for key in list(self._prefix_refs):  # where a pool session may go changed
+                self._prefix_moved(key)
 
     def _has_admitted(self, replica_id: str) -> bool:
         return any(c is not None and c[0] == replica_id for c in self._contrib.values())

@@ -314,7 +314,12 @@ class ClusterSim:
         s.phase = "WAITING"
         prompt = s.prompt_tokens_of(s.turn)
         # Agent harnesses do not send a tight max_tokens, so the router does not learn the output length.
-        grant = self.core.arrive(self.now, NewRequest(f"{s.id}/{s.turn}", s.id, s.trace.tenant, False, prompt, None))
+        # What the live gateway reads off the request (services/router/validation.py): sessions
+        # with one system prompt share it, and its tokens.
+        shared = s.trace.shared_prefix_id
+        grant = self.core.arrive(self.now, NewRequest(
+            f"{s.id}/{s.turn}", s.id, s.trace.tenant, False, prompt, None,
+            prefix_key=shared or "", prefix_tokens=s.trace.system_prompt_tokens if shared else 0))
         if grant is not None:
             self._forward(s, grant.replica)
         elif self.gating:

@@ -318,7 +318,9 @@ def test_the_simulator_tells_oracle_remaining_what_is_left_of_each_session() -> 
 
 def test_the_oracle_sees_the_exact_size_of_each_next_request() -> None:
     # turn 1 appends 700 tokens and answers 300; after turn 0 (100 + 32 in, 5 out) `tao`'s
-    # footprint is its estimate (no append sample yet, output EWMA = 5); the oracle's is exact
+    # footprint is its estimate (no append sample yet, output EWMA = 5); the oracle's is exact.
+    # Both reserve the 32-token system prompt once on the replica (docs/algorithms.md#footprint),
+    # so the admitted session's footprint is without it and the replica counts it once.
     trace = [_hand_session("a", [(100, 5, 10.0), (700, 300, 2.0), (20, 6, None)])]
     for policy, expected in (("tao", 137 + 0 + 5), ("oracle", 137 + 700 + 300)):
         sim = ClusterSim(trace, make_policy(policy), SMALL)
@@ -326,9 +328,43 @@ def test_the_oracle_sees_the_exact_size_of_each_next_request() -> None:
         sim._fill_slots()
         sim._apply(_plan((("a", "r0"),)), sim.now)
         _run_until(sim, lambda: sim.by_id["a"].phase == "ACTING")  # noqa: B023
-        assert sim.core.sessions["a"].footprint_tokens == expected, policy
+        assert sim.core.sessions["a"].footprint_tokens == expected - 32, policy
+        assert sim.core.sessions["a"].shared_tokens == 32, policy
         assert sim.core.used["r0"] == expected, policy
         sim.core.reveal_next_request("unknown", 1, 1)  # ignored
         assert set(sim.core.sessions) == {"a"}
     out = run_policy(trace, "oracle", SMALL)
     assert out.run.incomplete == [] and out.metrics["completed_sessions"] == 1
+
+
+def test_tao_reserves_a_shared_system_prompt_once_on_a_small_cache() -> None:
+    """Three sessions whose 6,000-token system prompt is shared, on one replica of 16,000 KV
+    tokens (15,200 admissible): a first request's footprint is 6,400 prompt + 256 expected
+    output, so counted once per session two fit (13,312), counted once per replica all three do
+    (6,000 + 3 × 656: the first plan admits two at full price, the next one the third beside the
+    copy they hold). ``tao-per-session`` keeps the third waiting (docs/algorithms.md#footprint)."""
+    def session(sid: str) -> TraceSession:
+        return TraceSession.model_validate({
+            "session_id": sid, "tenant": "t", "arrival_s": 0.0, "system_prompt_tokens": 6_000,
+            "shared_prefix_id": "harness",
+            "turns": [{"append_tokens": 400, "output_tokens": 200,
+                       "tool": {"name": "bash", "command": "make test", "duration_s": 1.0}},
+                      {"append_tokens": 300, "output_tokens": 200, "tool": None}],
+        })
+
+    cfg = SimConfig(replicas=1, profile="qwen3-32b-h100x2", num_gpu_blocks=1_000, tick_s=0.5)
+    trace = [session(f"s{i}") for i in range(3)]
+    peak: dict[str, int] = {}
+    for name in ("tao", "tao-per-session"):
+        sim = ClusterSim(trace, make_policy(name), cfg)
+        apply = sim._apply
+
+        def counting(plan: Plan, at: float, sim: ClusterSim = sim, apply=apply, name: str = name) -> None:  # type: ignore[no-untyped-def]
+            apply(plan, at)
+            peak[name] = max(peak.get(name, 0), sum(1 for s in sim.core.sessions.values() if s.admitted))
+
+        sim._apply = counting  # type: ignore[method-assign]
+        run = sim.run()
+        assert run.incomplete == [] and not run.stalled, name
+    assert peak == {"tao": 3, "tao-per-session": 2}
+    assert make_policy("tao").shares_prefixes_below_tokens >= 16_000  # type: ignore[attr-defined]

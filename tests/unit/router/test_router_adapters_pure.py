@@ -18,7 +18,7 @@ from services.router.core.readiness import PredictionView, is_ready
 from services.router.prompt_length import tokenize_request
 from services.router.proxy import parse_usage, take_usage
 from services.router.replicas import check_url, parse_replica_spec, parse_vllm_metrics
-from services.router.validation import RequestError, check_context, parse_request
+from services.router.validation import ParsedRequest, RequestError, check_context, parse_request
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "x" * 400}]}
 
@@ -195,3 +195,31 @@ def test_token_stats_and_evidence_arithmetic() -> None:
     assert ev[0].processed_tokens == 2450 and ev[0].volume_tokens == 1350  # bounded by the context
     ev = observe_usage(ev, "r1", Usage(1300, 50, 0), False, 3.0)
     assert {e.replica: e.kind for e in ev} == {"r0": "volume", "r1": "cached_tokens"}
+
+
+def test_the_shared_prefix_is_read_off_the_model_the_tools_and_the_leading_system_messages() -> None:
+    def parsed(messages: list[dict[str, object]], **extra: object) -> ParsedRequest:
+        return parse_request(json.dumps({"model": "m", "messages": messages, **extra}).encode(), chat=True)
+
+    system = {"role": "system", "content": "You are a coding agent. " * 50}
+    a = parsed([system, {"role": "user", "content": "fix the parser"}])
+    b = parsed([system, {"role": "user", "content": "add a test"}, {"role": "assistant", "content": "ok"}])
+    assert a.prefix_key and a.prefix_key == b.prefix_key  # two sessions of one agent share it
+    assert a.prefix_tokens == (len(system["content"]) + 16) // 4  # estimated like the prompt
+    assert parsed([{**system, "content": "You are a reviewer."}, {"role": "user", "content": "x"}]).prefix_key \
+        != a.prefix_key
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+    with_tools = parsed([system, {"role": "user", "content": "x"}], tools=tools)
+    assert with_tools.prefix_key != a.prefix_key
+    assert with_tools.prefix_tokens == a.prefix_tokens + len(json.dumps(tools, separators=(",", ":"))) // 4
+    developer = parsed([system, {"role": "developer", "content": "Be brief."}, {"role": "user", "content": "x"}])
+    assert developer.prefix_key != a.prefix_key and developer.prefix_tokens > a.prefix_tokens
+    assert parse_request(json.dumps({"model": "n", "messages": [system]}).encode(), True).prefix_key != a.prefix_key
+    none = parsed([{"role": "user", "content": "x"}, system])  # nothing before the first user turn
+    assert (none.prefix_key, none.prefix_tokens) == ("", 0)
+    assert parse_request(json.dumps({"model": "m", "prompt": "x" * 400}).encode(), chat=False).prefix_key == ""
+    syn = {"session_id": "s", "prompt_tokens": 5000, "shared_prefix_id": "swe", "system_prompt_tokens": 3000}
+    p = parsed([{"role": "user", "content": "x"}], tao_synthetic=syn)
+    assert (p.prefix_key, p.prefix_tokens) == ("synthetic:swe", 3000)
+    p = parsed([{"role": "user", "content": "x"}], tao_synthetic={**syn, "shared_prefix_id": None})
+    assert (p.prefix_key, p.prefix_tokens) == ("", 0)

@@ -32,11 +32,18 @@ def req(rid: str, sid: str, tenant: str = "A", prompt: int = 100, max_tokens: in
 
 def check_invariants(core: RouterCore) -> None:
     used: dict[str, int] = {}
+    copies: set[tuple[str, str]] = set()  # (replica, prefix key) with one shared copy counted
     for s in core.sessions.values():
         assert s.held >= 0 and s.in_flight >= 0
+        assert s.shared_tokens == 0 or core.config.share_prefixes_below_tokens > 0
         if s.admitted:
             assert s.replica is not None
             used[s.replica] = used.get(s.replica, 0) + s.footprint_tokens
+            if s.shared_tokens:
+                copies.add((s.replica, s.prefix_key))
+    assert set(core._prefix_held) == copies
+    for (rid, _), tokens in core._prefix_held.items():
+        used[rid] = used.get(rid, 0) + tokens
     for rid in core.replicas:
         assert core.used.get(rid, 0) == used.get(rid, 0), rid
     assert not set(core.held) & set(core.in_flight)
@@ -413,9 +420,12 @@ OPS = st.lists(
 
 
 @settings(max_examples=150, deadline=None)
-@given(OPS)
-def test_random_events_keep_invariants(ops: list[tuple[str, int, int]]) -> None:
-    core = RouterCore(CoreConfig(session_ttl_s=5.0, max_attempts=2))
+@given(OPS, st.booleans())
+def test_random_events_keep_invariants(ops: list[tuple[str, int, int]], share: bool) -> None:
+    """``share``: the core reserves shared prefixes once per replica, and the requests name one
+    of two prefixes (``used`` then holds one copy per replica and prefix its admitted sessions hold)."""
+    core = RouterCore(CoreConfig(session_ttl_s=5.0, max_attempts=2,
+                                share_prefixes_below_tokens=4000 if share else 0))
     for i in range(3):
         core.upsert_replica(Replica(f"r{i}", f"http://r{i}", kv_capacity_tokens=3000, healthy=True), 0.0)
     now = 0.0
@@ -430,7 +440,8 @@ def test_random_events_keep_invariants(ops: list[tuple[str, int, int]]) -> None:
             counter += 1
             s = core.sessions.get(sid)
             if s is None or s.tenant == tenant:
-                core.arrive(now, NewRequest(f"q{counter}", sid, tenant, a == 5, 200 + 100 * b, 100))
+                core.arrive(now, NewRequest(f"q{counter}", sid, tenant, a == 5, 200 + 100 * b, 100,
+                                            prefix_key=f"p{a % 2}" if b else "", prefix_tokens=150 + 50 * (a % 2)))
         elif op == "plan":
             core.apply_plan(now, PlanDecision(((sid, f"r{b}"),), (), now, "t"))
         elif op == "pause":

@@ -90,3 +90,24 @@ def test_demand_of_several_routers_is_summed_per_tenant() -> None:
     assert merged["A"].p99_hold_s == 0.4, "the worst router's hold: a lent slot may sit behind any of them"
     assert merged["A"].updated_at_unix_s == 10.0 and merged["B"].in_flight == 1
     assert demand_field("A", "r1") == "A@r1"
+
+
+def test_a_shared_prefix_counts_once_per_replica_over_every_routers_sessions() -> None:
+    from services.common.fleet import fleet_used
+    from services.common.records import SessionRecord
+
+    def rec(sid: str, replica: str | None, footprint: int, key: str = "", shared: int = 0,
+            admitted: bool = True) -> SessionRecord:
+        return SessionRecord(epoch="e", rev=1, session_id=sid, tenant="A", phase="ACTING", replica=replica,
+                             admitted=admitted, footprint_tokens=footprint, prefix_key=key, prefix_tokens=shared,
+                             shared_tokens=shared, created_at_unix_s=0.0, updated_at_unix_s=0.0)
+
+    used = fleet_used([
+        rec("a", "r0", 6_000, "sys", 4_000),  # router 1's session
+        rec("b", "r0", 7_000, "sys", 4_000),  # router 2's, the same system prompt on the same replica
+        rec("c", "r0", 5_000, "other", 1_000),
+        rec("d", "r1", 6_000, "sys", 4_000),
+        rec("e", "r1", 9_000),  # counts its prefix itself
+        rec("f", None, 8_000, "sys", 4_000, admitted=False),  # in the pool: nowhere
+    ])
+    assert used == {"r0": 6_000 + 7_000 + 4_000 + 5_000 + 1_000, "r1": 6_000 + 4_000 + 9_000}
