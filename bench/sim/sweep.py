@@ -102,13 +102,11 @@ def summarize(configs: Sequence[Config], results: Sequence[dict[str, Any]], peer
     by = {(r["index"], r["policy"]): r for r in results}
     rows, counts = [], {"within_3pct": 0, "3_to_10pct": 0, "over_10pct": 0, "left_out": 0}
     for c in configs:
-        mine = [by.get((c.index, p)) for p in ("tao", *peers)]
-        if any(r is None or r["failed"] or r["incomplete"] for r in mine):
+        mine = [by[(c.index, p)] for p in ("tao", *peers) if (c.index, p) in by]
+        if len(mine) < 1 + len(peers) or any(r["failed"] or r["incomplete"] for r in mine):
             counts["left_out"] += 1
             continue
-        tao, others = mine[0], mine[1:]
-        best = min(others, key=lambda r: r["latency_s"])  # type: ignore[union-attr]
-        assert tao is not None and best is not None
+        tao, best = mine[0], min(mine[1:], key=lambda r: r["latency_s"])
         if best["latency_s"] <= 0:
             counts["left_out"] += 1
             continue

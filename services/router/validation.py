@@ -159,7 +159,9 @@ def _check_prompt(prompt: Any) -> None:
                "invalid_type")
 
 
-def _synthetic_prompt(body: dict[str, Any]) -> int | None:
+def _synthetic_prompt(body: dict[str, Any]) -> tuple[int, str, int] | None:
+    """A synthetic request's (prompt tokens, shared prefix key, its tokens), checked; None when
+    the request is not synthetic."""
     syn = body.get("tao_synthetic")
     if syn is None:
         return None
@@ -176,7 +178,9 @@ def _synthetic_prompt(body: dict[str, Any]) -> int | None:
     if spi is not None and not isinstance(spi, str):
         raise _bad("'tao_synthetic.shared_prefix_id' must be a string or null", "tao_synthetic.shared_prefix_id",
                    "invalid_type")
-    return int(syn.get("prompt_tokens", 0))
+    if not spi:
+        return int(syn.get("prompt_tokens", 0)), "", 0
+    return int(syn.get("prompt_tokens", 0)), f"synthetic:{spi}", int(syn.get("system_prompt_tokens", 0))
 
 
 def parse_request(raw: bytes, chat: bool) -> ParsedRequest:
@@ -231,11 +235,8 @@ def parse_request(raw: bytes, chat: bool) -> ParsedRequest:
     limit = max_completion if max_completion is not None else max_tokens
     synthetic = _synthetic_prompt(body)
     if synthetic is not None:
-        estimate = synthetic
+        estimate, prefix_key, prefix_tokens = synthetic
         exact = True
-        syn = body["tao_synthetic"]
-        spi = syn.get("shared_prefix_id")
-        prefix_key, prefix_tokens = (f"synthetic:{spi}", int(syn.get("system_prompt_tokens", 0))) if spi else ("", 0)
 
     changed = False
     session_id: str | None = None

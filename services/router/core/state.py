@@ -126,9 +126,9 @@ class RouterCore:
         self.used: dict[str, int] = {}
         #: session -> (replica, tokens it adds to ``used`` there, prefix key, shared tokens)
         self._contrib: dict[str, tuple[str, int, str, int] | None] = {}
-        #: ``CoreConfig.share_prefixes_below_tokens``: per prefix key, per replica, its admitted sessions, and
-        #: the tokens of the one copy each such replica's ``used`` counts
-        self._prefix_refs: dict[str, dict[str, int]] = {}
+        #: ``CoreConfig.share_prefixes_below_tokens``: per (replica, prefix key) held there, its
+        #: admitted sessions, and the tokens of the one copy the replica's ``used`` counts
+        self._prefix_refs: dict[tuple[str, str], int] = {}
         self._prefix_held: dict[tuple[str, str], int] = {}
         self._usable_ids: frozenset[str] = frozenset()
         self._pool: set[str] = set()  # sessions not admitted (gating: waiting for a plan, or paused)
@@ -228,9 +228,8 @@ class RouterCore:
     def _hold_prefix(self, rid: str, key: str, tokens: int) -> bool:
         """An admitted session of prefix ``key`` joins replica ``rid``: the first one there adds
         the shared copy (``tokens``) to its ``used``. True when the copy is new there."""
-        refs = self._prefix_refs.setdefault(key, {})
-        n = refs.get(rid, 0)
-        refs[rid] = n + 1
+        n = self._prefix_refs.get((rid, key), 0)
+        self._prefix_refs[(rid, key)] = n + 1
         if n == 0:
             self._prefix_held[(rid, key)] = tokens
             self.used[rid] = self.used.get(rid, 0) + tokens
@@ -239,14 +238,10 @@ class RouterCore:
     def _release_prefix(self, rid: str, key: str) -> bool:
         """An admitted session of prefix ``key`` leaves ``rid``: the last one there takes the copy
         along. True when it did."""
-        refs = self._prefix_refs.get(key, {})
-        n = refs.get(rid, 0) - 1
+        n = self._prefix_refs.pop((rid, key), 0) - 1
         if n > 0:
-            refs[rid] = n
+            self._prefix_refs[(rid, key)] = n
             return False
-        refs.pop(rid, None)
-        if not refs:
-            self._prefix_refs.pop(key, None)
         self.used[rid] = self.used.get(rid, 0) - self._prefix_held.pop((rid, key), 0)
         return True
 
@@ -258,11 +253,8 @@ class RouterCore:
     def _prefix_everywhere(self, s: Session) -> bool:
         """Every replica pool session ``s`` may go to shares prefixes and holds its prefix's copy
         already, so admitting it adds only its footprint less the shared part."""
-        refs = self._prefix_refs.get(s.prefix_key)
-        if not refs:
-            return False
         takes = [rid for rid, rep in self.replicas.items() if self._can_take(rep, s)]
-        return bool(takes) and all(rid in refs and self._shares(rid) for rid in takes)
+        return bool(takes) and all((rid, s.prefix_key) in self._prefix_held and self._shares(rid) for rid in takes)
 
     def _prefix_moved(self, key: str) -> None:
         """Which replicas hold ``key``'s copy changed: re-price the pool sessions sharing it."""
@@ -720,7 +712,7 @@ class RouterCore:
                 and old.kv_capacity_tokens != rep.kv_capacity_tokens):  # whether it shares prefixes may change
             for s in [s for s in self.sessions.values() if s.admitted and s.replica == rep.id]:
                 self._put(s)
-            for key in list(self._prefix_refs):
+            for key in {key for _, key in self._prefix_held}:
                 self._prefix_moved(key)
         if old != rep:
             self._d_replicas.add(rep.id)
@@ -747,7 +739,7 @@ class RouterCore:
         usable = frozenset(rid for rid, r in self.replicas.items() if self.eligible(r))
         if usable != self._usable_ids:
             self._usable_ids = usable
-            for key in list(self._prefix_refs):  # where a pool session may go changed
+            for key in {key for _, key in self._prefix_held}:  # where a pool session may go changed
                 self._prefix_moved(key)
 
     def _has_admitted(self, replica_id: str) -> bool:
