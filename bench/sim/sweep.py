@@ -9,12 +9,16 @@ configuration here is drawn from ``--first`` on (one ``random.Random`` per index
 all at once (a closed loop with all, or half, of them active) or Poisson arrivals at 0.02–0.2/s,
 and the profile's default KV cache or a half or a quarter of it; sessions end before a turn that
 would pass the replica's ``max_model_len`` (less 4,096 tokens), so no policy meets vLLM's 400.
+``--mixed`` draws another set in which two workload kinds share the fleet (a quarter, half or
+three quarters of the sessions of the first kind, interleaved in arrival order), on 2–8 replicas
+with 32–128 sessions, open loops up to 0.3/s and closed loops with a half or a quarter of the
+sessions active: coding agents beside chat or batch traffic, as a shared fleet serves them.
 Every policy plays the same trace; the table lists, per configuration, `tao`'s mean task latency
 against the best peer's, and the summary counts the configurations where `tao` is within 3 %,
 3–10 % or more than 10 % behind (a configuration where a session failed under any policy is left
 out of the counts).
 
-    python -m bench.sim.sweep [--configs 100] [--first 0] [--jobs 2] [--json OUT]
+    python -m bench.sim.sweep [--configs 100] [--first 0] [--mixed] [--jobs 2] [--json OUT]
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from services.sim.cluster.simulator import SimConfig
 from services.sim.engine.engine import default_max_model_len
 from services.sim.engine.profiles import get_profile
 from services.sim.workload.generate import GenerateOptions, generate
+from services.sim.workload.trace import TraceSession
 
 KINDS = ("swe-lite", "swe-verified", "terminal-bench", "chat-bursty", "batch-steady")
 PROFILES = ("qwen3-32b-h100x2", "qwen3-32b-h100x1", "qwen2.5-3b-h200", "glm-4.7-fp8-h100x8")
@@ -42,6 +47,9 @@ PEERS = ("thunderagent", "sjf", "continuum-affine", "least_loaded", "cache_aware
 """The gating peers of issue 13 and the per-request routers (least-loaded, the Dynamo cost)."""
 SEED_BASE = 5000
 """Configuration ``i`` is drawn by ``random.Random(SEED_BASE + i)``; its trace's seed is 6000 + ``i``."""
+MIXED_SEED_BASE = 9000
+"""Mixed configuration ``i`` is drawn by ``random.Random(MIXED_SEED_BASE + i)``; its two kinds'
+traces have the seeds 7000 + 2``i`` and 7001 + 2``i``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +62,9 @@ class Config:
     arrival_rate_per_s: float  # 0: all at t = 0
     concurrency: int | None
     cache_share: float  # of the profile's default KV blocks
+    #: ``--mixed``: the kind that shares the fleet with ``kind``, and ``kind``'s share of the sessions
+    second_kind: str | None = None
+    first_share: float = 1.0
 
     @property
     def num_gpu_blocks(self) -> int | None:
@@ -65,7 +76,29 @@ class Config:
         loop = f"at {self.arrival_rate_per_s:g}/s" if self.arrival_rate_per_s else (
             "at once" + ("" if self.concurrency in (None, self.sessions) else f", {self.concurrency} active"))
         cache = "" if self.cache_share >= 1.0 else f", {self.cache_share:g} of the cache"
-        return f"{self.kind}, {self.sessions} sessions {loop}, {self.replicas} × {self.profile}{cache}"
+        kind = self.kind if self.second_kind is None else (
+            f"{self.kind} {self.first_share:.0%} + {self.second_kind} {1 - self.first_share:.0%}")
+        return f"{kind}, {self.sessions} sessions {loop}, {self.replicas} × {self.profile}{cache}"
+
+    def trace(self, max_context_tokens: int) -> list[TraceSession]:
+        """The configuration's trace (deterministic). Mixed: each kind's sessions generated on their
+        own (an open loop's rate split by the shares; generated ids name their kind, so they stay
+        unique), interleaved by arrival and then evenly by position, so a closed loop starts both
+        kinds side by side."""
+        if self.second_kind is None:
+            return generate(GenerateOptions(kind=self.kind, sessions=self.sessions, seed=6000 + self.index,
+                                            arrival_rate_per_s=self.arrival_rate_per_s,
+                                            max_context_tokens=max_context_tokens))
+        first = max(1, min(self.sessions - 1, round(self.sessions * self.first_share)))
+        keyed: list[tuple[float, float, TraceSession]] = []
+        for seed, kind, n in ((7000 + 2 * self.index, self.kind, first),
+                              (7001 + 2 * self.index, self.second_kind, self.sessions - first)):
+            rate = self.arrival_rate_per_s * n / self.sessions if self.arrival_rate_per_s else None
+            part = generate(GenerateOptions(kind=kind, sessions=n, seed=seed, arrival_rate_per_s=rate,
+                                            max_context_tokens=max_context_tokens))
+            keyed += [(s.arrival_s, (i + 0.5) / n, s) for i, s in enumerate(part)]
+        keyed.sort(key=lambda k: (k[0], k[1]))
+        return [s for _, _, s in keyed]
 
 
 def draw(index: int) -> Config:
@@ -79,15 +112,27 @@ def draw(index: int) -> Config:
     return Config(index, kind, profile, replicas, sessions, rate, concurrency, share)
 
 
+def draw_mixed(index: int) -> Config:
+    """Mixed configuration ``index`` (``--mixed``): two kinds on one fleet, larger than ``draw``'s."""
+    r = random.Random(MIXED_SEED_BASE + index)
+    kind, second = r.sample(KINDS, 2)
+    profile = r.choice(PROFILES)
+    replicas = r.choice((2, 3, 4, 6, 8))
+    sessions = r.choice((32, 48, 64, 96, 128))
+    rate = r.choice((0.0, 0.0, 0.05, 0.1, 0.3))
+    concurrency = r.choice((None, sessions // 2, sessions // 4)) if rate == 0 else None
+    share = r.choice((1.0, 1.0, 0.5, 0.25))
+    first_share = r.choice((0.25, 0.5, 0.75))
+    return Config(index, kind, profile, replicas, sessions, rate, concurrency, share, second, first_share)
+
+
 def simulate(task: tuple[Config, str]) -> dict[str, Any]:
     """One policy on one configuration's trace."""
     cfg, policy = task
     profile = get_profile(cfg.profile)
     blocks = cfg.num_gpu_blocks
     mml = default_max_model_len(profile, profile.default_num_gpu_blocks if blocks is None else blocks)
-    trace = generate(GenerateOptions(kind=cfg.kind, sessions=cfg.sessions, seed=6000 + cfg.index,
-                                     arrival_rate_per_s=cfg.arrival_rate_per_s,
-                                     max_context_tokens=min(131072, mml - 4096)))
+    trace = cfg.trace(max_context_tokens=min(131072, mml - 4096))
     sim = SimConfig(replicas=cfg.replicas, profile=cfg.profile, concurrency=cfg.concurrency, seed=0,
                     num_gpu_blocks=blocks)
     out = run_policy(trace, policy, sim)
@@ -121,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.sim.sweep", description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", type=int, default=100)
     ap.add_argument("--first", type=int, default=0, help="index of the first configuration")
+    ap.add_argument("--mixed", action="store_true", help="two workload kinds share each fleet (another set)")
     ap.add_argument("--policies", default="tao," + ",".join(PEERS), help="tao first, then the peers")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", type=Path, dest="json_out")
@@ -128,14 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     policies = [p for p in args.policies.split(",") if p]
     if args.configs <= 0 or args.jobs <= 0 or not policies or policies[0] != "tao" or len(policies) < 2:
         ap.error("--configs and --jobs must be > 0, and --policies must start with tao and name a peer")
-    configs = [draw(i) for i in range(args.first, args.first + args.configs)]
+    configs = [(draw_mixed if args.mixed else draw)(i) for i in range(args.first, args.first + args.configs)]
     tasks = [(c, p) for c in configs for p in policies]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(simulate, tasks))
     summary = summarize(configs, results, policies[1:])
     for row in summary["rows"]:
-        print(f"{row['index']:4d}  {row['config']:<78}  tao {row['tao_s']:9.1f} s  best {row['best_peer']:<16} "
+        print(f"{row['index']:4d}  {row['config']:<100}  tao {row['tao_s']:9.1f} s  best {row['best_peer']:<16} "
               f"{row['best_s']:9.1f} s  {row['tao_behind_pct']:+6.1f} %")
     c = summary["counts"]
     print(f"tao against the best of {', '.join(policies[1:])} on mean task latency: within 3 % on "

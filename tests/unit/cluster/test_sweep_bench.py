@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.sim.sweep import KINDS, PEERS, PROFILES, draw, main, summarize
+from bench.sim.sweep import KINDS, PEERS, PROFILES, draw, draw_mixed, main, summarize
 
 
 def test_configurations_are_drawn_the_same_every_run_and_cover_the_ranges() -> None:
@@ -24,6 +24,26 @@ def test_configurations_are_drawn_the_same_every_run_and_cover_the_ranges() -> N
         assert c.concurrency in (None, c.sessions, max(1, c.sessions // 2))
         assert (c.num_gpu_blocks is None) == (c.cache_share == 1.0)
     assert draw(6).label() == "swe-verified, 64 sessions at 0.2/s, 1 × qwen3-32b-h100x1"
+
+
+def test_mixed_configurations_put_two_kinds_on_one_fleet_interleaved() -> None:
+    configs = [draw_mixed(i) for i in range(200)]
+    assert configs == [draw_mixed(i) for i in range(200)]
+    assert {c.replicas for c in configs} == {2, 3, 4, 6, 8} and {c.first_share for c in configs} == {0.25, 0.5, 0.75}
+    for c in configs:
+        assert c.second_kind in KINDS and c.second_kind != c.kind and 32 <= c.sessions <= 128
+        assert c.concurrency in (None, c.sessions // 2, c.sessions // 4)
+    c = draw_mixed(7)  # closed loop: terminal-bench a quarter, SWE-lite three quarters, all at t = 0
+    assert c.label() == ("terminal-bench 25% + swe-lite 75%, 64 sessions at once, 32 active, "
+                         "3 × qwen3-32b-h100x1, 0.5 of the cache")
+    trace = c.trace(max_context_tokens=100_000)
+    ids = [s.session_id for s in trace]
+    assert len(set(ids)) == 64 and sum(i.startswith("terminal-bench") for i in ids) == 16
+    # both kinds in the first eight to start, as in the whole trace: no kind queues behind the other
+    assert sum(i.startswith("terminal-bench") for i in ids[:8]) == 2
+    open_loop = draw_mixed(2)
+    arrivals = [s.arrival_s for s in open_loop.trace(max_context_tokens=100_000)]
+    assert open_loop.arrival_rate_per_s > 0 and arrivals == sorted(arrivals)
 
 
 def test_the_summary_counts_tao_against_the_best_peer_and_leaves_out_failures() -> None:
@@ -50,6 +70,12 @@ def test_the_command_runs_one_configuration(tmp_path: Path, capsys: pytest.Captu
     doc = json.loads(out.read_text())
     assert [r["policy"] for r in doc["results"]] == ["tao", "least_loaded"]
     assert sum(doc["counts"].values()) == 1 and "within 3 %" in capsys.readouterr().out
+    # mixed configuration 4: chat and batch sessions on 2 GLM replicas, an open loop
+    assert main(["--mixed", "--first", "4", "--configs", "1", "--policies", "tao,least_loaded", "--jobs", "1",
+                 "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["configs"][0]["second_kind"] == "batch-steady" and len(doc["results"]) == 2
+    assert "chat-bursty 25% + batch-steady 75%" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["--policies", "least_loaded,tao"])
     assert "thunderagent" in PEERS
