@@ -50,7 +50,8 @@ def test_the_summary_counts_tao_against_the_best_peer_and_leaves_out_failures() 
     configs = [draw(i) for i in range(4)]
 
     def res(i: int, policy: str, latency: float, failed: int = 0) -> dict[str, object]:
-        return {"index": i, "policy": policy, "latency_s": latency, "ttft_s": 0.1, "failed": failed, "incomplete": 0}
+        return {"index": i, "policy": policy, "latency_s": latency, "ttft_s": 0.1, "makespan_s": 3 * latency,
+                "failed": failed, "incomplete": 0}
 
     results = [res(0, "tao", 102.0), res(0, "sjf", 100.0), res(0, "least_loaded", 120.0),
                res(1, "tao", 105.0), res(1, "sjf", 100.0), res(1, "least_loaded", 101.0),
@@ -60,6 +61,11 @@ def test_the_summary_counts_tao_against_the_best_peer_and_leaves_out_failures() 
     assert out["counts"] == {"within_3pct": 1, "3_to_10pct": 1, "over_10pct": 1, "left_out": 1}
     assert [r["best_peer"] for r in out["rows"]] == ["sjf", "sjf", "sjf"]
     assert out["rows"][0]["tao_behind_pct"] == pytest.approx(2.0)
+    # the makespan only where every session arrives at once: configuration 0 here (1–3 are open loops)
+    assert [c.arrival_rate_per_s == 0 for c in configs] == [True, False, False, False]
+    assert [("tao_makespan_behind_pct" in r) for r in out["rows"]] == [True, False, False]
+    assert out["rows"][0]["best_makespan_peer"] == "sjf" and out["rows"][0]["tao_makespan_behind_pct"] == pytest.approx(2.0)
+    assert out["batch_makespan_counts"] == {"within_3pct": 1, "3_to_10pct": 0, "over_10pct": 0}
 
 
 def test_the_command_runs_one_configuration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
