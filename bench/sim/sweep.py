@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from services.sim.cluster.metrics import makespan_s
 from services.sim.cluster.runner import run_policy
 from services.sim.cluster.simulator import SimConfig
 from services.sim.engine.engine import default_max_model_len
@@ -136,11 +137,9 @@ def simulate(task: tuple[Config, str]) -> dict[str, Any]:
     sim = SimConfig(replicas=cfg.replicas, profile=cfg.profile, concurrency=cfg.concurrency, seed=0,
                     num_gpu_blocks=blocks)
     out = run_policy(trace, policy, sim)
-    sessions = out.run.sessions
-    makespan = max(s.end_s for s in sessions) - min(s.start_s for s in sessions) if sessions else 0.0
     return {"index": cfg.index, "policy": policy, "latency_s": out.metrics["mean_task_latency_s"],
-            "ttft_s": out.metrics["mean_ttft_s"], "makespan_s": makespan, "failed": len(out.run.failed),
-            "incomplete": len(out.run.incomplete)}
+            "ttft_s": out.metrics["mean_ttft_s"], "makespan_s": makespan_s(out.run.sessions),
+            "failed": len(out.run.failed), "incomplete": len(out.run.incomplete)}
 
 
 def summarize(configs: Sequence[Config], results: Sequence[dict[str, Any]], peers: Sequence[str]) -> dict[str, Any]:

@@ -188,11 +188,8 @@ class RouterCore:
                 self._d_replicas.add(new[0])
                 if new[3] and self._hold_prefix(new[0], new[2], new[3]):
                     moved.append(new[2])
-            if old is not None:
-                self.used[old[0]] = self.used.get(old[0], 0) - old[1]
-                self._d_replicas.add(old[0])
-                if old[3] and self._release_prefix(old[0], old[2]):
-                    moved.append(old[2])
+            if old is not None and self._uncount(old):
+                moved.append(old[2])
         self._contrib[s.id] = new
         if shared and (s.admitted or self._prefix_everywhere(s)):
             s.footprint_tokens -= shared  # its copy is held where it is, or would be
@@ -214,16 +211,21 @@ class RouterCore:
             return None
         contrib = self._contrib.pop(session_id, None)
         self._pool.discard(session_id)
-        if contrib is not None:
-            self.used[contrib[0]] = self.used.get(contrib[0], 0) - contrib[1]
-            self._d_replicas.add(contrib[0])
-            if contrib[3] and self._release_prefix(contrib[0], contrib[2]):
-                self._prefix_moved(contrib[2])
+        if contrib is not None and self._uncount(contrib):
+            self._prefix_moved(contrib[2])
         self._d_sessions.discard(session_id)
         self._d_ended.add(session_id)
         self._d_pool.add(session_id)
         self.last_reject.pop(session_id, None)
         return old
+
+    def _uncount(self, contrib: tuple[str, int, str, int]) -> bool:
+        """Take a session's contribution (``_contrib``) out of its replica's ``used``. True when
+        its shared prefix's copy left the replica with it (the last session there holding it)."""
+        rid, tokens, key, shared = contrib
+        self.used[rid] = self.used.get(rid, 0) - tokens
+        self._d_replicas.add(rid)
+        return bool(shared) and self._release_prefix(rid, key)
 
     def _hold_prefix(self, rid: str, key: str, tokens: int) -> bool:
         """An admitted session of prefix ``key`` joins replica ``rid``: the first one there adds
@@ -259,6 +261,13 @@ class RouterCore:
     def _prefix_moved(self, key: str) -> None:
         """Which replicas hold ``key``'s copy changed: re-price the pool sessions sharing it."""
         for sid in [sid for sid in self._pool if self.sessions[sid].prefix_key == key]:
+            self._put(self.sessions[sid])
+
+    def _reprice_prefix_pool(self) -> None:
+        """Which replicas share, or which a pool session may go to, changed: re-price the pool
+        sessions whose prefix has a copy held anywhere (one pass over the pool)."""
+        held = {key for _, key in self._prefix_held}
+        for sid in [sid for sid in self._pool if self.sessions[sid].prefix_key in held]:
             self._put(self.sessions[sid])
 
     def _bump(self, counter: dict[str, int], tenant: str, delta: int) -> None:
@@ -712,8 +721,7 @@ class RouterCore:
                 and old.kv_capacity_tokens != rep.kv_capacity_tokens):  # whether it shares prefixes may change
             for s in [s for s in self.sessions.values() if s.admitted and s.replica == rep.id]:
                 self._put(s)
-            for key in {key for _, key in self._prefix_held}:
-                self._prefix_moved(key)
+            self._reprice_prefix_pool()
         if old != rep:
             self._d_replicas.add(rep.id)
         if not rep.healthy and ((old is not None and old.healthy) or self._has_admitted(rep.id)):
@@ -739,8 +747,7 @@ class RouterCore:
         usable = frozenset(rid for rid, r in self.replicas.items() if self.eligible(r))
         if usable != self._usable_ids:
             self._usable_ids = usable
-            for key in {key for _, key in self._prefix_held}:  # where a pool session may go changed
-                self._prefix_moved(key)
+            self._reprice_prefix_pool()  # where a pool session may go changed
 
     def _has_admitted(self, replica_id: str) -> bool:
         return any(c is not None and c[0] == replica_id for c in self._contrib.values())

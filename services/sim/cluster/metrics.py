@@ -102,10 +102,7 @@ def summarize(
     prompt = sum(r.prompt_tokens for r in requests)
     cached = sum(r.cached_tokens for r in requests)
     output = sum(r.output_tokens for r in requests)
-    if sessions:
-        makespan = max(s.end_s for s in sessions) - min(s.start_s for s in sessions)
-    else:
-        makespan = 0.0
+    makespan = makespan_s(sessions)
     return {
         "mean_task_latency_s": _mean(latencies),
         "p90_task_latency_s": percentile(latencies, 90),
@@ -119,6 +116,13 @@ def summarize(
         "planner_time_share": planner_wall_s / makespan if makespan > 0 else 0.0,
         "completed_sessions": len(sessions),
     }
+
+
+def makespan_s(sessions: Sequence[SessionOutcome]) -> float:
+    """First session start to last session end (0 without sessions)."""
+    if not sessions:
+        return 0.0
+    return max(s.end_s for s in sessions) - min(s.start_s for s in sessions)
 
 
 LEGACY_KEYS: dict[str, str] = {"decode_tokens_per_s": "decode_tok_s_makespan"}
