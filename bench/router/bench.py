@@ -59,11 +59,17 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 
 from bench.peers.core import parse_system
 from bench.router.load import PhaseResult, run_open_phase, run_phase
-from bench.router.procs import Proc, cpu_seconds, start_replica, start_router, start_vllm_router
+from bench.router.procs import (
+    Proc,
+    cpu_seconds,
+    start_replica,
+    start_router,
+    start_vllm_router,
+    vllm_router_bin,
+)
 from services.common.stats import histogram_quantile, percentile
 from services.common.testing import RedisServer, find_redis_binary, free_port
 
@@ -272,14 +278,11 @@ def _split(text: str | None) -> list[str]:
 
 
 def _peer_bin(venv: str | None) -> str:
-    """The bin dir of the peers' venv with ``vllm-router`` installed (``bench.peers`` creates
-    it, from PyPI, isolated from this package); SystemExit saying why when it cannot."""
-    from bench.peers.__main__ import DEFAULT_VENV, ensure_peers
-
-    bin_dir, versions, failed = ensure_peers(Path(venv) if venv else DEFAULT_VENV, {"vllm-router": "vllm-router"})
-    if failed:
-        raise SystemExit(f"--peers: vllm-router unavailable: {failed['vllm-router']}")
-    print(f"bench.router: vllm-router {versions['vllm-router']} from {bin_dir}", flush=True)
+    """The bin dir of the peers' venv with ``vllm-router``; SystemExit saying why when it cannot."""
+    bin_dir, version = vllm_router_bin(venv)
+    if bin_dir is None:
+        raise SystemExit(f"--peers: vllm-router unavailable: {version}")
+    print(f"bench.router: vllm-router {version} from {bin_dir}", flush=True)
     return bin_dir
 
 

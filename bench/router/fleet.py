@@ -28,6 +28,13 @@ Redis share this machine's cores, so figures are noisy and only the ratios mean 
 Takeover: after the round-robin phase one router is killed with SIGKILL and a request for a
 session it owned is sent to another router; the time until it is answered is printed (bounded
 by the member lease, ``--member-ttl-s``).
+
+Controls (``--controls``): the ``single`` and ``single, a third of the load`` loads through
+routers that are not TAO, in front of the same replica, measured the same way: the floor of
+``bench.peers`` (a plain aiohttp proxy, ``bench/peers/rrproxy.py``) and vLLM's Rust router with
+``round_robin`` (``vllm-router`` from PyPI, in the isolated venv ``bench.peers`` manages; left
+out, saying why, when it cannot be installed). Their third / full ratios tell what a third of
+the load costs any router per request on this machine, apart from anything TAO does.
 """
 
 from __future__ import annotations
@@ -43,13 +50,19 @@ from collections.abc import Iterator
 import aiohttp
 import redis
 
-from bench.router.procs import Proc, cpu_seconds, start_replica
+from bench.peers.core import parse_system, router_argv
+from bench.router.procs import Proc, cpu_seconds, start_replica, start_vllm_router, vllm_router_bin
 from services.common import keys
+from services.common.ports import free_port
 from services.common.testing import RedisServer, find_redis_binary
 from services.driver.chat import CHAT_PATH, open_http, send_chat
 
 MODEL = "Qwen/Qwen3-32B"
 IDLE_S = 3.0
+#: the routers that are not TAO in ``--controls``
+CONTROLS = ("floor", "vllm-router:round_robin")
+#: a phase's result: (name, routers, answered, failed, wall s, CPU s, CPU s per request, net CPU s per request)
+Row = tuple[str, int, int, int, float, float, float, float]
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Refactor the parser and explain. " * 20}],
         "max_tokens": 8}
 
@@ -115,6 +128,34 @@ async def load(urls: list[str], sessions: int, turns: int, spread: str, tag: str
     return answered, failed
 
 
+def measure(procs: list[Proc], sessions: int, turns: int, spread: str) -> tuple[int, int, float, float, float]:
+    """(answered, failed, wall s, CPU s, net CPU s) of one phase through ``procs``: warmed by 4
+    requests, then their idle CPU rate over ``IDLE_S`` (probes, leases, flushes), then the load;
+    net = CPU less that rate times the phase's wall time."""
+    urls = [r.url for r in procs]
+    asyncio.run(load(urls, 4, 1, spread, "warm"))
+    idle0 = sum(cpu_seconds(r.pid) for r in procs)
+    time.sleep(IDLE_S)
+    idle_rate = (sum(cpu_seconds(r.pid) for r in procs) - idle0) / IDLE_S
+    before = sum(cpu_seconds(r.pid) for r in procs)
+    t0 = time.perf_counter()
+    ok, bad = asyncio.run(load(urls, sessions, turns, spread, "s"))
+    wall = time.perf_counter() - t0
+    cpu = sum(cpu_seconds(r.pid) for r in procs) - before
+    return ok, bad, wall, cpu, max(0.0, cpu - idle_rate * wall)
+
+
+def start_control(name: str, replica: str, bin_dir: str | None) -> Proc:
+    """A router of ``CONTROLS`` in front of ``replica``, ready once its /health answers."""
+    system = parse_system(name)
+    port = free_port()
+    if system.kind == "floor":
+        return Proc(router_argv(system, "", port, [replica], 0, python=sys.executable), None,
+                    ready_url=f"http://127.0.0.1:{port}/health")
+    assert bin_dir is not None
+    return start_vllm_router(bin_dir, replica, system, port, free_port())
+
+
 async def takeover(urls: list[str], victim: Proc, redis_url: str, victim_id: str) -> float | None:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     owners = client.hgetall(keys.SESSION_OWNERS)
@@ -140,12 +181,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", default="tao")
     p.add_argument("--member-ttl-s", type=float, default=3.0)
     p.add_argument("--time-scale", type=float, default=50.0, help="replica speed-up (the replica is not the point)")
+    p.add_argument("--controls", action="store_true",
+                   help="also the single and third-of-the-load phases through " + " and ".join(CONTROLS))
+    p.add_argument("--venv", default=None, help="the peers' venv for vllm-router (default: bench.peers')")
     args = p.parse_args(argv)
     replica = start_replica("qwen3-32b-h100x2", args.time_scale)
-    rows = []
+    rows: list[Row] = []
+    controls: list[Row] = []
+    skipped: list[str] = []
     take_s: float | None = None
+    third = max(1, args.sessions // 3)
     try:
-        third = max(1, args.sessions // 3)
         for name, n, fleet, spread, sessions, turns in (
                 ("single", 1, False, "hash", args.sessions, args.turns),
                 ("single, a third of the load", 1, False, "hash", third, args.turns * args.sessions // third),
@@ -154,20 +200,24 @@ def main(argv: list[str] | None = None) -> int:
                 ("fleet-3 hashed", 3, True, "hash", args.sessions, args.turns),
                 ("fleet-3 round-robin", 3, True, "rr", args.sessions, args.turns)):
             with stack(replica.url, n, fleet, args.policy, args.member_ttl_s) as (server, routers):
-                urls = [r.url for r in routers]
-                asyncio.run(load(urls, 4, 1, spread, "warm"))
-                idle0 = sum(cpu_seconds(r.pid) for r in routers)
-                time.sleep(IDLE_S)  # the routers' background work (probes, leases, flushes) without load
-                idle_rate = (sum(cpu_seconds(r.pid) for r in routers) - idle0) / IDLE_S
-                before = sum(cpu_seconds(r.pid) for r in routers)
-                t0 = time.perf_counter()
-                ok, bad = asyncio.run(load(urls, sessions, turns, spread, "s"))
-                wall = time.perf_counter() - t0
-                cpu = sum(cpu_seconds(r.pid) for r in routers) - before
-                net = max(0.0, cpu - idle_rate * wall)
+                ok, bad, wall, cpu, net = measure(routers, sessions, turns, spread)
                 rows.append((name, n, ok, bad, wall, cpu, cpu / max(1, ok), net / max(1, ok)))
                 if n == 3 and spread == "rr":
-                    take_s = asyncio.run(takeover(urls, routers[0], server.url, "r0"))
+                    take_s = asyncio.run(takeover([r.url for r in routers], routers[0], server.url, "r0"))
+        if args.controls:
+            bin_dir, why = vllm_router_bin(args.venv)
+            for name in CONTROLS:
+                if name != "floor" and bin_dir is None:
+                    skipped.append(f"{name}: {why}")
+                    continue
+                proc = start_control(name, replica.url, bin_dir)
+                try:
+                    for tag, sessions, turns in (("", args.sessions, args.turns), (", a third of the load", third,
+                                                                                 args.turns * args.sessions // third)):
+                        ok, bad, wall, cpu, net = measure([proc], sessions, turns, "hash")
+                        controls.append((name + tag, 1, ok, bad, wall, cpu, cpu / max(1, ok), net / max(1, ok)))
+                finally:
+                    proc.stop()
     finally:
         replica.stop()
     base, base_net = rows[0][6], rows[0][7]
@@ -178,6 +228,16 @@ def main(argv: list[str] | None = None) -> int:
     for name, n, ok, bad, wall, cpu, per, net in rows:
         print(f"{name:<30}{n:>8}{ok:>10}{bad:>8}{wall:>9.2f}{cpu:>14.2f}{per * 1000:>12.2f}{per / base:>10.2f}x"
               f"{net * 1000:>12.2f}{net / max(1e-9, base_net):>10.2f}x")
+    if controls:
+        print("controls (not TAO; the same loads and measurement): a third of the load against the full load")
+        print(f"{'router':<30}{'answered':>10}{'failed':>8}{'net ms/req full':>17}{'third':>9}{'third / full':>14}")
+        pairs = [(rows[0], rows[1])] + [(controls[i], controls[i + 1]) for i in range(0, len(controls), 2)]
+        for full, part in pairs:
+            label = f"tao router ({args.policy})" if full is rows[0] else full[0]
+            print(f"{label:<30}{full[2] + part[2]:>10}{full[3] + part[3]:>8}{full[7] * 1000:>17.3f}"
+                  f"{part[7] * 1000:>9.3f}{part[7] / max(1e-9, full[7]):>13.2f}x")
+    for line in skipped:
+        print(f"control left out: {line}")
     print(f"net = router CPU minus the routers' idle CPU rate ({IDLE_S:g} s measured before each phase) x the "
           "phase's wall time")
     if take_s is None:

@@ -75,6 +75,18 @@ def start_vllm_router(bin_dir: str, replica_url: str, system: System, port: int,
     return Proc(argv, None, ready_url=f"http://127.0.0.1:{port}/health")
 
 
+def vllm_router_bin(venv: str | None) -> tuple[str | None, str]:
+    """(the bin dir of the peers' venv with ``vllm-router``, its version), or (None, why not):
+    ``bench.peers`` creates that venv and installs the router there from PyPI, never into this
+    package's environment."""
+    from bench.peers.__main__ import DEFAULT_VENV, ensure_peers
+
+    bin_dir, versions, failed = ensure_peers(Path(venv) if venv else DEFAULT_VENV, {"vllm-router": "vllm-router"})
+    if failed:
+        return None, failed["vllm-router"]
+    return bin_dir, versions["vllm-router"]
+
+
 def start_replica(profile: str, time_scale: float) -> Proc:
     return Proc([sys.executable, "-m", "services.cli", "vllm-sim", "--port", "0", "--profile", profile,
                  "--time-scale", str(time_scale)], "vllm-sim listening on")

@@ -58,3 +58,22 @@ def test_peer_ratios_and_the_64_stream_verdict() -> None:
     verdict = []
     _print_peer_ratios(64, "closed", figures, out, paths, verdict)
     assert "NOT MET" in verdict[0]
+
+
+def test_the_fleet_benchmarks_floor_control_measures_its_load() -> None:
+    """bench.router.fleet --controls: the plain proxy in front of a real emulated replica carries
+    the closed-loop load, every request answered, and its CPU is read from /proc."""
+    from bench.router.fleet import measure, start_control
+    from bench.router.procs import start_replica
+
+    replica = start_replica("qwen3-32b-h100x2", 50.0)
+    try:
+        proxy = start_control("floor", replica.url, None)
+        try:
+            ok, bad, wall, cpu, net = measure([proxy], 3, 2, "hash")
+        finally:
+            proxy.stop()
+    finally:
+        replica.stop()
+    assert (ok, bad) == (6, 0)
+    assert wall > 0 and cpu >= net >= 0
