@@ -226,14 +226,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'phase':<30}{'routers':>8}{'answered':>10}{'failed':>8}{'wall s':>9}{'router cpu s':>14}"
           f"{'cpu ms/req':>12}{'vs single':>11}{'net ms/req':>12}{'vs single':>11}")
     for name, n, ok, bad, wall, cpu, per, net in rows:
-        print(f"{name:<30}{n:>8}{ok:>10}{bad:>8}{wall:>9.2f}{cpu:>14.2f}{per * 1000:>12.2f}{per / base:>10.2f}x"
+        print(f"{name:<30}{n:>8}{ok:>10}{bad:>8}{wall:>9.2f}{cpu:>14.2f}{per * 1000:>12.2f}{per / max(1e-9, base):>10.2f}x"
               f"{net * 1000:>12.2f}{net / max(1e-9, base_net):>10.2f}x")
     if controls:
         print("controls (not TAO; the same loads and measurement): a third of the load against the full load")
         print(f"{'router':<30}{'answered':>10}{'failed':>8}{'net ms/req full':>17}{'third':>9}{'third / full':>14}")
-        pairs = [(rows[0], rows[1])] + [(controls[i], controls[i + 1]) for i in range(0, len(controls), 2)]
-        for full, part in pairs:
-            label = f"tao router ({args.policy})" if full is rows[0] else full[0]
+        pairs = [(f"tao router ({args.policy})", rows[0], rows[1])] + [
+            (controls[i][0], controls[i], controls[i + 1]) for i in range(0, len(controls), 2)]
+        for label, full, part in pairs:
             print(f"{label:<30}{full[2] + part[2]:>10}{full[3] + part[3]:>8}{full[7] * 1000:>17.3f}"
                   f"{part[7] * 1000:>9.3f}{part[7] / max(1e-9, full[7]):>13.2f}x")
     for line in skipped:
