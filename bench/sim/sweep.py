@@ -83,18 +83,19 @@ class Config:
 
     def trace(self, max_context_tokens: int) -> list[TraceSession]:
         """The configuration's trace (deterministic). Mixed: each kind's sessions generated on their
-        own (an open loop's rate split by the shares; generated ids name their kind, so they stay
-        unique), interleaved by arrival and then evenly by position, so a closed loop starts both
-        kinds side by side."""
+        own (an open loop's rate split by the shares, a closed loop's all at t = 0; generated ids
+        name their kind, so they stay unique), interleaved by arrival and then evenly by position,
+        so a closed loop starts both kinds side by side."""
         if self.second_kind is None:
-            return generate(GenerateOptions(kind=self.kind, sessions=self.sessions, seed=6000 + self.index,
-                                            arrival_rate_per_s=self.arrival_rate_per_s,
-                                            max_context_tokens=max_context_tokens))
-        first = max(1, min(self.sessions - 1, round(self.sessions * self.first_share)))
+            parts = ((6000 + self.index, self.kind, self.sessions),)
+        else:
+            first = max(1, min(self.sessions - 1, round(self.sessions * self.first_share)))
+            parts = ((7000 + 2 * self.index, self.kind, first),
+                     (7001 + 2 * self.index, self.second_kind, self.sessions - first))
         keyed: list[tuple[float, float, TraceSession]] = []
-        for seed, kind, n in ((7000 + 2 * self.index, self.kind, first),
-                              (7001 + 2 * self.index, self.second_kind, self.sessions - first)):
-            rate = self.arrival_rate_per_s * n / self.sessions if self.arrival_rate_per_s else None
+        for seed, kind, n in parts:
+            # 0 stays 0: every session at t = 0, whatever the kind's own arrival pattern
+            rate = self.arrival_rate_per_s * (n / self.sessions)
             part = generate(GenerateOptions(kind=kind, sessions=n, seed=seed, arrival_rate_per_s=rate,
                                             max_context_tokens=max_context_tokens))
             keyed += [(s.arrival_s, (i + 0.5) / n, s) for i, s in enumerate(part)]

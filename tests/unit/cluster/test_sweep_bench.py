@@ -41,6 +41,10 @@ def test_mixed_configurations_put_two_kinds_on_one_fleet_interleaved() -> None:
     assert len(set(ids)) == 64 and sum(i.startswith("terminal-bench") for i in ids) == 16
     # both kinds in the first eight to start, as in the whole trace: no kind queues behind the other
     assert sum(i.startswith("terminal-bench") for i in ids[:8]) == 2
+    # a closed loop is a batch whatever the kinds' own arrival patterns (chat-bursty's are bursts)
+    batch = draw_mixed(92)
+    assert batch.arrival_rate_per_s == 0 and batch.second_kind == "chat-bursty"
+    assert {s.arrival_s for s in batch.trace(max_context_tokens=100_000)} == {0.0}
     open_loop = draw_mixed(2)
     arrivals = [s.arrival_s for s in open_loop.trace(max_context_tokens=100_000)]
     assert open_loop.arrival_rate_per_s > 0 and arrivals == sorted(arrivals)
