@@ -6,6 +6,8 @@ the service runs, then a third-tenant case and an SLO-violating case. Prints rat
 the static baseline measured in the same run and the study's real-H200 figures for reference
 (docs/algorithms.md#published-figures-budget-controller-study).
 ``--sweep`` adds the controller-parameter sensitivity on that scenario.
+``--foresight`` adds, to every case, a reference that knows every burst in advance
+(``bench/budget/foresight.py``) at several lending horizons.
 """
 
 from __future__ import annotations
@@ -19,7 +21,15 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from bench.budget.report import SEED_REFERENCE, TARGET_GAIN, machine, render, run_scenario
+from bench.budget.report import (
+    SEED_REFERENCE,
+    TARGET_GAIN,
+    foresight_specs,
+    foresight_verdict,
+    machine,
+    render,
+    run_scenario,
+)
 from bench.budget.workload import SCENARIOS, STATIC_VS_DYNAMIC, Scenario
 from services.budget.core import DynamicParams
 
@@ -44,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--live: model seconds per wall second of the stack")
     parser.add_argument("--sweep", action="store_true",
                         help="also run the seed case with one controller parameter changed at a time")
+    parser.add_argument("--foresight", action="store_true",
+                        help="also run every case under the foresight reference (it knows when every burst "
+                             "starts; bench/budget/foresight.py) at several lending horizons")
 
 
 def _verdict(result: dict[str, Any]) -> list[str]:
@@ -94,13 +107,15 @@ def run(args: argparse.Namespace) -> int:
 
     def scenario(name: str) -> Scenario:
         sc = SCENARIOS[name]
+        if args.foresight:
+            sc = replace(sc, policies=sc.policies + foresight_specs())
         return sc.quick() if args.quick else sc
 
     results: dict[str, Any] = {}
     for name in names:
         res = run_scenario(scenario(name), seeds, params)
         results[name] = res
-        for line in render(res) + _verdict(res):
+        for line in render(res) + _verdict(res) + foresight_verdict(res):
             print(line)
         print()
     sweep: list[dict[str, Any]] = []
@@ -108,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
         print("== sensitivity (seed case: the study's scenario): one parameter changed from the defaults")
         for change in SWEEP:
             p = replace(params, **change)
-            res = run_scenario(replace(scenario("seed"), policies=(STATIC_VS_DYNAMIC[0], STATIC_VS_DYNAMIC[2])), seeds, p)
+            res = run_scenario(replace(SCENARIOS["seed"].quick() if args.quick else SCENARIOS["seed"],
+                                       policies=(STATIC_VS_DYNAMIC[0], STATIC_VS_DYNAMIC[2])), seeds, p)
             r = res["ratios_vs_static"]["dynamic"]
             dyn = res["policies"]["dynamic"]
             sweep.append({"change": change, "ratios_vs_static": r,

@@ -9,9 +9,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
+from bench.budget.foresight import ForesightPolicy
 from bench.budget.sim import PolicyRun, run_policy
-from bench.budget.workload import Scenario
-from services.budget.core import DynamicParams, make_policy
+from bench.budget.workload import PolicySpec, Scenario
+from services.budget.core import BudgetPolicy, DynamicParams, make_policy
+
+FORESIGHT = "foresight"
+"""``PolicySpec.registry`` of the foresight reference (not in the service's registry)."""
+FORESIGHT_HORIZONS_S = (0.0, 2.0, 3.0, 4.0, 6.0)
+"""``--foresight``: lending horizons, from lending up to the burst to past the borrowers' ~5.4 s slot hold."""
 
 #: the budget-controller study, real H200: static vs dynamic (tokens/s, completed requests over 90 s, p99 s)
 SEED_REFERENCE: dict[str, dict[str, Any]] = {
@@ -49,14 +55,54 @@ def aggregate(runs: Sequence[PolicyRun]) -> dict[str, Any]:
     return out
 
 
+def _policy(spec: PolicySpec, params: DynamicParams, tick_s: float) -> BudgetPolicy | ForesightPolicy:
+    """A fresh policy for one run: a registered one with the spec's parameter overrides, or the
+    foresight reference (``bench/budget/foresight.py``; its overrides are its own arguments)."""
+    if spec.registry == FORESIGHT:
+        return ForesightPolicy(tick_s=tick_s, **dict(spec.overrides))
+    return make_policy(spec.registry, replace(params, **dict(spec.overrides)))
+
+
+def foresight_specs(horizons: Sequence[float] = FORESIGHT_HORIZONS_S) -> tuple[PolicySpec, ...]:
+    """The foresight reference at each lending horizon, and at the borrowers' reported slot hold
+    (``--foresight``)."""
+    return (tuple(PolicySpec(f"foresight {h:g} s", FORESIGHT, (("horizon_s", float(h)),)) for h in horizons)
+            + (PolicySpec("foresight hold", FORESIGHT, (("horizon_s", None),)),))
+
+
+def foresight_verdict(result: dict[str, Any]) -> list[str]:
+    """The foresight rows against the issue-19 rule: the highest throughput among the horizons
+    whose every tenant's p99 is no worse than static's, and the highest at any horizon."""
+    rows = {label: r for label, r in result["ratios_vs_static"].items() if label.startswith("foresight")}
+    if not rows:
+        return []
+
+    def gain(label: str) -> float:
+        return float(rows[label]["total_tokens_per_s"]) - 1
+
+    def worst(label: str) -> tuple[str, float]:
+        name, ratio = max(rows[label]["per_tenant_p99_latency_s"].items(), key=lambda kv: kv[1])
+        return name, float(ratio) - 1
+
+    def describe(label: str) -> str:
+        name, w = worst(label)
+        return f"{label}: throughput {100 * gain(label):+.1f} %, worst p99 {name} {100 * w:+.1f} %"
+
+    top = max(rows, key=gain)
+    kept = [label for label in rows if worst(label)[1] <= 0.0]
+    best = max(kept, key=gain) if kept else None
+    return [f"   foresight (knows every burst; a reference, not a policy): highest throughput {describe(top)}; "
+            + (f"highest with no tenant's p99 worse than static {describe(best)}" if best is not None
+               else "no horizon keeps every tenant's p99 at or below static")]
+
+
 def run_scenario(scenario: Scenario, seeds: Sequence[int], params: DynamicParams,
                  progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     policies: dict[str, Any] = {}
     for spec in scenario.policies:
-        p = replace(params, **dict(spec.overrides))
         runs = []
         for seed in seeds:
-            runs.append(run_policy(scenario, spec.label, make_policy(spec.registry, p), seed))
+            runs.append(run_policy(scenario, spec.label, _policy(spec, params, scenario.tick_s), seed))
             progress(f"{scenario.name}/{spec.label} seed {seed}: {runs[-1].total_tokens_per_s:,.0f} tok/s")
         policies[spec.label] = aggregate(runs)
     base = policies["static"]

@@ -129,7 +129,11 @@ def run_policy(scenario: Scenario, label: str, policy: BudgetPolicy, seed: int,
     config = _config(scenario)
     loads = {t.name: t for t in scenario.tenants}
     names = config.names
-    arrivals = sorted((t, n) for n, load in loads.items() for t in load.arrivals(end_s, rng))
+    schedules = {n: load.schedule(end_s, rng) for n, load in loads.items()}
+    arrivals = sorted((t, n) for n, (times, _) in schedules.items() for t in times)
+    foresee = getattr(policy, "foresee", None)  # the foresight reference (bench/budget/foresight.py) only
+    if foresee is not None:
+        foresee({n: windows for n, (_, windows) in schedules.items() if windows})
     live: dict[str, _Req] = {}
     ids = itertools.count()
     reported: dict[str, deque[float]] = {n: deque(maxlen=ROUTER_P99_WINDOW) for n in names}

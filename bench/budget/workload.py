@@ -49,24 +49,33 @@ class TenantLoad:
 
     def arrivals(self, end_s: float, rng: random.Random) -> list[float]:
         """Arrival times in [0, end_s) of an open-loop tenant (random phase for on/off)."""
+        return self.schedule(end_s, rng)[0]
+
+    def schedule(self, end_s: float, rng: random.Random) -> tuple[list[float], list[tuple[float, float]]]:
+        """``arrivals`` and, for on/off, every ON window [start, end) that begins before
+        ``end_s`` plus one period (the foresight reference, ``bench/budget/foresight.py``, looks
+        one window ahead); the same draws from ``rng`` as ``arrivals``."""
         if self.kind == "closed" or self.rate_per_s <= 0:
-            return []
+            return [], []
         out: list[float] = []
         if self.kind == "poisson":
             t = rng.expovariate(self.rate_per_s)
             while t < end_s:
                 out.append(t)
                 t += rng.expovariate(self.rate_per_s)
-            return out
+            return out, []
         period = self.on_s + self.off_s
         start = -rng.uniform(0.0, period)  # random phase of the on/off cycle
+        windows: list[tuple[float, float]] = []
         while start < end_s:
+            windows.append((start, start + self.on_s))
             t = max(0.0, start) + rng.expovariate(self.rate_per_s)
             while t < min(start + self.on_s, end_s):
                 out.append(t)
                 t += rng.expovariate(self.rate_per_s)
             start += period
-        return out
+        windows.append((start, start + self.on_s))
+        return out, windows
 
 
 @dataclass(frozen=True)

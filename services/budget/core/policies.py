@@ -115,22 +115,33 @@ class StaticPolicy:
         self.stale_after_s = stale_after_s
 
     def reallocate(self, state: BudgetState) -> Allocation:
-        config = state.config
-        targets = static_targets(config)
-        observed = _fresh(state, self.stale_after_s)
-        caps, decisions = normalise(config, state.previous, observed, targets)
-        if not decisions and (held := _hold_in_transit(state, observed, self.name)) is not None:
-            return held
-        receivers = [n for n in config.names if targets[n] > caps[n]]
-        why = {n: f"{n} below its static cap {targets[n]}" for n in receivers}
-        caps, limits, moves = transfer(config, caps, _prev_limits(state, caps, decisions), observed, targets,
-                                       receivers, config.total, why)
-        decisions += moves
-        if not any(d.kind == "move" for d in decisions):
-            decisions.append(Decision("hold", "static split" if not receivers else "waiting for slots to free"))
-        memory = state.previous.memory() if state.previous else {}
-        return Allocation(_next_revision(state), config.total, caps, limits, self.name, state.now_s,
-                          tuple(decisions), targets, **memory)
+        return toward_targets(state, static_targets(state.config), self.name, self.stale_after_s,
+                              "its static cap", "static split")
+
+
+def toward_targets(state: BudgetState, targets: Mapping[str, int], policy: str, stale_after_s: float,
+                   target_name: str, settled: str) -> Allocation:
+    """Move the caps toward ``targets`` (summing to B) as fast as slots free up, with no step
+    bound and no preemption (``normalise``, then ``transfer`` with the whole budget as the step);
+    the previous allocation, unchanged, while a tenant with slots in transit is unobserved.
+    ``target_name`` names the target in the move reasons ("its static cap"), ``settled`` the
+    hold reason once every cap is at its target. The static policy's rule; the benchmark's
+    foresight reference (bench/budget/foresight.py) moves with it too."""
+    config = state.config
+    observed = _fresh(state, stale_after_s)
+    caps, decisions = normalise(config, state.previous, observed, targets)
+    if not decisions and (held := _hold_in_transit(state, observed, policy)) is not None:
+        return held
+    receivers = [n for n in config.names if targets[n] > caps[n]]
+    why = {n: f"{n} below {target_name} {targets[n]}" for n in receivers}
+    caps, limits, moves = transfer(config, caps, _prev_limits(state, caps, decisions), observed, targets,
+                                   receivers, config.total, why)
+    decisions += moves
+    if not any(d.kind == "move" for d in decisions):
+        decisions.append(Decision("hold", settled if not receivers else "waiting for slots to free"))
+    memory = state.previous.memory() if state.previous else {}
+    return Allocation(_next_revision(state), config.total, caps, limits, policy, state.now_s,
+                      tuple(decisions), targets, **memory)
 
 
 @dataclass(frozen=True)
