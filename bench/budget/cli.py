@@ -105,9 +105,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"dynamic controller: {asdict(params)}")
     started = time.perf_counter()
 
-    def scenario(name: str) -> Scenario:
+    def scenario(name: str, foresight: bool = args.foresight) -> Scenario:
         sc = SCENARIOS[name]
-        if args.foresight:
+        if foresight:
             sc = replace(sc, policies=sc.policies + foresight_specs())
         return sc.quick() if args.quick else sc
 
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         print("== sensitivity (seed case: the study's scenario): one parameter changed from the defaults")
         for change in SWEEP:
             p = replace(params, **change)
-            res = run_scenario(replace(SCENARIOS["seed"].quick() if args.quick else SCENARIOS["seed"],
+            res = run_scenario(replace(scenario("seed", foresight=False),
                                        policies=(STATIC_VS_DYNAMIC[0], STATIC_VS_DYNAMIC[2])), seeds, p)
             r = res["ratios_vs_static"]["dynamic"]
             dyn = res["policies"]["dynamic"]

@@ -29,7 +29,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from services.budget.core.model import Allocation, BudgetState
-from services.budget.core.policies import static_targets, toward_targets
+from services.budget.core.policies import fresh_observations, static_targets, toward_targets
 from services.budget.core.split import weighted_split
 
 Windows = Sequence[tuple[float, float]]
@@ -64,7 +64,7 @@ class ForesightPolicy:
     def reallocate(self, state: BudgetState) -> Allocation:
         config = state.config
         share = static_targets(config)
-        observed = {n: o for n, o in state.observations.items() if state.now_s - o.observed_at_s <= self.stale_after_s}
+        observed = fresh_observations(state, self.stale_after_s)
         floors = {t.name: t.floor for t in config.tenants}
         if self.horizon_s is not None:
             horizon = self.horizon_s

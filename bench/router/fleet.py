@@ -145,6 +145,12 @@ def measure(procs: list[Proc], sessions: int, turns: int, spread: str) -> tuple[
     return ok, bad, wall, cpu, max(0.0, cpu - idle_rate * wall)
 
 
+def row(name: str, routers: int, measured: tuple[int, int, float, float, float]) -> Row:
+    """A phase's ``Row`` from ``measure``'s result, per-request figures over the answered."""
+    ok, bad, wall, cpu, net = measured
+    return (name, routers, ok, bad, wall, cpu, cpu / max(1, ok), net / max(1, ok))
+
+
 def start_control(name: str, replica: str, bin_dir: str | None) -> Proc:
     """A router of ``CONTROLS`` in front of ``replica``, ready once its /health answers."""
     system = parse_system(name)
@@ -191,17 +197,17 @@ def main(argv: list[str] | None = None) -> int:
     skipped: list[str] = []
     take_s: float | None = None
     third = max(1, args.sessions // 3)
+    third_turns = args.turns * args.sessions // third  # the same requests from a third of the sessions
     try:
         for name, n, fleet, spread, sessions, turns in (
                 ("single", 1, False, "hash", args.sessions, args.turns),
-                ("single, a third of the load", 1, False, "hash", third, args.turns * args.sessions // third),
+                ("single, a third of the load", 1, False, "hash", third, third_turns),
                 ("fleet-1", 1, True, "hash", args.sessions, args.turns),
                 ("3 solo routers hashed", 3, False, "hash", args.sessions, args.turns),
                 ("fleet-3 hashed", 3, True, "hash", args.sessions, args.turns),
                 ("fleet-3 round-robin", 3, True, "rr", args.sessions, args.turns)):
             with stack(replica.url, n, fleet, args.policy, args.member_ttl_s) as (server, routers):
-                ok, bad, wall, cpu, net = measure(routers, sessions, turns, spread)
-                rows.append((name, n, ok, bad, wall, cpu, cpu / max(1, ok), net / max(1, ok)))
+                rows.append(row(name, n, measure(routers, sessions, turns, spread)))
                 if n == 3 and spread == "rr":
                     take_s = asyncio.run(takeover([r.url for r in routers], routers[0], server.url, "r0"))
         if args.controls:
@@ -212,10 +218,9 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 proc = start_control(name, replica.url, bin_dir)
                 try:
-                    for tag, sessions, turns in (("", args.sessions, args.turns), (", a third of the load", third,
-                                                                                 args.turns * args.sessions // third)):
-                        ok, bad, wall, cpu, net = measure([proc], sessions, turns, "hash")
-                        controls.append((name + tag, 1, ok, bad, wall, cpu, cpu / max(1, ok), net / max(1, ok)))
+                    for tag, sessions, turns in (("", args.sessions, args.turns),
+                                                 (", a third of the load", third, third_turns)):
+                        controls.append(row(name + tag, 1, measure([proc], sessions, turns, "hash")))
                 finally:
                     proc.stop()
     finally:

@@ -66,7 +66,8 @@ LEND_JITTER_MS = 100
 RECALL_TRUST = 2
 
 
-def _fresh(state: BudgetState, stale_after_s: float) -> dict[str, TenantObservation]:
+def fresh_observations(state: BudgetState, stale_after_s: float) -> dict[str, TenantObservation]:
+    """The tenants' observations no older than ``stale_after_s`` (the others are held as they are)."""
     return {
         n: obs
         for n in state.config.names
@@ -128,7 +129,7 @@ def toward_targets(state: BudgetState, targets: Mapping[str, int], policy: str, 
     hold reason once every cap is at its target. The static policy's rule; the benchmark's
     foresight reference (bench/budget/foresight.py) moves with it too."""
     config = state.config
-    observed = _fresh(state, stale_after_s)
+    observed = fresh_observations(state, stale_after_s)
     caps, decisions = normalise(config, state.previous, observed, targets)
     if not decisions and (held := _hold_in_transit(state, observed, policy)) is not None:
         return held
@@ -232,7 +233,7 @@ class DynamicPolicy:
     def reallocate(self, state: BudgetState) -> Allocation:
         p, config = self.params, state.config
         names, floors = config.names, {t.name: t.floor for t in config.tenants}
-        observed = _fresh(state, p.stale_after_s)
+        observed = fresh_observations(state, p.stale_after_s)
         initial = static_targets(config) if state.previous is None else {}
         caps, decisions = normalise(config, state.previous, observed, initial)
         if not decisions and (held := _hold_in_transit(state, observed, self.name)) is not None:

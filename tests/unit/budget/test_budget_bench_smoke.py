@@ -80,7 +80,6 @@ def test_the_foresight_reference_lends_only_where_a_whole_horizon_is_left_before
     run = run_policy(scenario, "foresight", policy, 101, check=check)
     assert policy.windows["A"] and lent_at, "no gap was lent in a minute of 8 s bursts and 12 s gaps"
     assert run.max_in_flight <= scenario.total_slots
-    # the windows are the ones the arrivals came from: every A arrival lies in one
     assert ForesightPolicy(0.0).lends("A", 0.0, 0, 0.0) is False  # nothing foreseen: nothing lent
     policy_b = ForesightPolicy(horizon_s=4.0, tick_s=2.0)
     policy_b.foresee({"A": [(10.0, 18.0), (30.0, 38.0)]})
