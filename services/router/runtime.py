@@ -49,7 +49,14 @@ from services.router.core.model import CoreConfig, Grant, NewRequest, PlanDecisi
 from services.router.core.plans import outcome_counts
 from services.router.core.readiness import PredictionView, is_ready
 from services.router.core.snapshot import build_snapshot
-from services.router.core.state import RouterCore, SessionBusy, UnknownSession, admission_hooks, policy_flags
+from services.router.core.state import (
+    RouterCore,
+    SessionBusy,
+    UnknownSession,
+    admissible_fraction,
+    admission_hooks,
+    policy_flags,
+)
 from services.router.core.tools import ToolCall
 from services.router.feeds import FencedFeed
 from services.router.fleet import RouterFleet
@@ -95,7 +102,7 @@ class RouterRuntime:
         self.fallback: Policy = make_policy(settings.fallback_policy or settings.policy)
         self.core = RouterCore(
             CoreConfig(
-                target_utilisation=settings.target_utilisation, ewma_alpha=settings.ewma_alpha,
+                target_utilisation=admissible_fraction(self.policy, settings.target_utilisation), ewma_alpha=settings.ewma_alpha,
                 default_output_tokens=settings.default_output_tokens, session_ttl_s=settings.session_ttl_s,
                 max_attempts=settings.max_attempts,
                 # a fleet router's core sees only its own sessions, so it cannot tell that

@@ -32,7 +32,8 @@ runs every registered name through the same invariants.
 | tao-overcommit   | yes   | as tao                                       | as tao, and the router admits a pool session whose request was held as long as its prompt's prefill takes, over capacity (≤ 1.4×), into the reservations of sessions idle at least as long as their own prefill | tao lever (ski rental: hold vs recompute) |
 | tao-lend         | yes   | as tao, plus predicted tool return times, context tokens, requests running per replica | as tao, and a ready session left out may be admitted into the reservations of ACTING sessions whose tool is predicted to return after its turn (prefill of its uncached prompt + decode at the replica's step time) ends; it is paused first, so it gives them back when its request ends | tao lever (prediction-based lending) |
 | sjf              | yes   | footprint (credit only to pick the replica)  | shortest footprint first, tao-paper's pauses     | TAO paper's DP comparison |
-| thunderagent     | yes   | program tokens (acting weighted), buffers    | tick every 5 s: resume reasoning→new→acting, BFD onto the roomiest replica; pause smallest acting first, mark reasoning; a new program placed at its request's arrival (fewest tokens, room for it + buffer) while nothing is paused | ThunderAgent scheduler/router.py |
+| thunderagent     | yes   | program tokens (prompt + completion so far, acting weighted), buffers, the whole KV cache | tick every 5 s: resume reasoning→new→acting, BFD onto the roomiest replica; pause smallest acting first, mark reasoning; a new program placed at its request's arrival (fewest tokens, room for it + buffer) while nothing is paused | ThunderAgent scheduler/router.py, backend/state.py, program/state.py |
+| thunderagent-reserved | yes | as thunderagent, but TAO's footprints against 95 % of the cache | as thunderagent | ThunderAgent's scheduler on TAO's reservations (the baseline until 2026-12-06) |
 | continuum        | yes   | program arrival, tool-return prediction, context tokens | program-level FCFS with head-of-line blocking; pin each tool call's KV for TTL τ* = argmax P(τ)·(T·η + prefill) − τ, unpin on expiry or (latest arrival first) when the queue head does not fit; a request that heads an empty queue admitted at its arrival when it fits (its last replica, else the roomiest) | arXiv 2511.02230 §4, Hanchenli/vllm-continuum |
 | continuum-affine | yes   | as continuum                                 | as continuum with one engine per replica behind a session-sticky router: each program keeps its replica (a new one goes to the most room), FCFS, head-of-line blocking and unpinning per replica | arXiv 2511.02230 on each replica (multi-replica mapping ours) |
 | round_robin      | no    | replica health                               | every held request to the next replica          | vLLM production-stack / Dynamo round-robin |
@@ -50,7 +51,7 @@ from services.planner.core.fits import engine_fits
 from services.planner.core.policy import Policy
 from services.planner.core.routers import CacheAwarePolicy, LeastLoadedPolicy, RoundRobinPolicy
 from services.planner.core.tao import TAO, TAO_BORROW, TAO_HOLD, TAO_IDLE, TAO_PAPER, TaoPolicy
-from services.planner.core.thunderagent import ThunderAgentPolicy
+from services.planner.core.thunderagent import ThunderAgentConfig, ThunderAgentPolicy
 from services.planner.core.values import ValueConfig
 
 
@@ -88,6 +89,8 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "least_loaded": LeastLoadedPolicy,
     "cache_aware": CacheAwarePolicy,
     "thunderagent": ThunderAgentPolicy,
+    "thunderagent-reserved": lambda: ThunderAgentPolicy("thunderagent-reserved",
+                                                        ThunderAgentConfig(published_accounting=False)),
     "continuum": ContinuumPolicy,
     "continuum-affine": lambda: ContinuumPolicy("continuum-affine", ContinuumConfig(per_replica_queues=True)),
 }

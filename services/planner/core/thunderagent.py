@@ -4,9 +4,16 @@ Source: ThunderAgent (github.com/ThunderAgent-org/ThunderAgent), ``scheduler/rou
 (``_scheduled_check``, ``_greedy_resume``, ``_pause_until_safe``,
 ``_select_backend_for_new_program``), ``backend/state.py`` (``remaining_capacity``,
 ``remaining_capacity_with_decay``) and ``wiki/Scheduler.md``. Mapping to our snapshot:
-program = session; REASONING = RUNNING or WAITING; program tokens = ``footprint_tokens``;
+program = session; REASONING = RUNNING or WAITING; program tokens = ``footprint_tokens``,
+which the router core counts as ThunderAgent does (``CoreConfig.accounting`` "program",
+``services.router.core.footprint.program_tokens``: vLLM's prompt + completion tokens of the last
+request, ``Program.total_tokens`` in ``program/state.py``, with no reservation for the next
+append or output) against the whole KV cache (``kv_utilisation`` 1.0: its
+``total_tokens_capacity`` is vLLM's ``num_gpu_blocks × block_size``, ``backend/vllm_metrics.py``);
 a *new* program (step 1) = a session with no cache evidence anywhere; the global paused
-pool = the planner pool.
+pool = the planner pool. ``thunderagent-reserved`` (``published_accounting=False``) is the same
+scheduler on TAO's reservations (f(s) against 95 % of the cache), the baseline before 2026-12-06
+(docs/benchmarks.md#thunderagents-own-token-count-fixed-2026-12-06).
 
 What it sees: per replica the tokens of its admitted programs (acting ones weighted by
 ``acting_token_weight``), a per-program buffer (``BUFFER_PER_PROGRAM`` = 100 tokens), and
@@ -72,6 +79,9 @@ class ThunderAgentConfig:
     use_acting_token_decay: bool = False
     buffer_tokens: int = BUFFER_PER_PROGRAM
     force_resume_after_s: float | None = 1800.0
+    #: count programs and capacity as ThunderAgent does (module docstring); False: TAO's
+    #: reservations against the deployment's admissible fraction (``thunderagent-reserved``)
+    published_accounting: bool = True
 
 
 class ThunderAgentPolicy:
@@ -90,6 +100,16 @@ class ThunderAgentPolicy:
         self._revisions = PlanCounter()
         self._last_tick_s: float | None = None
         self._queued: frozenset[str] = frozenset()
+
+    @property
+    def accounting(self) -> str:
+        """The router core's ``CoreConfig.accounting``: ThunderAgent's program tokens."""
+        return "program" if self.config.published_accounting else "reservation"
+
+    @property
+    def kv_utilisation(self) -> float | None:
+        """The router core's admissible fraction (``admissible_fraction``): all of vLLM's KV."""
+        return 1.0 if self.config.published_accounting else None
 
     @property
     def force_admit_after_s(self) -> float | None:

@@ -7,6 +7,9 @@ context is), and so does the prompt of a request in flight while it runs (withou
 session's first request counted as its expected output alone, so the planner filled the room
 that request was using and had to pause someone when it ended). Before any request has completed the expected output is
 ``min(max_tokens, default_output_tokens)``.
+
+ThunderAgent counts a program by what it holds now, not by a reservation for the next turn
+(``program_tokens``, ``CoreConfig.accounting`` "program"); its baseline is run that way.
 """
 
 from __future__ import annotations
@@ -52,10 +55,25 @@ def expected_output_tokens(session: Session, config: CoreConfig) -> int:
 
 
 def footprint_tokens(session: Session, config: CoreConfig) -> int:
-    """f(s) in tokens (see the module docstring)."""
+    """f(s) in tokens (see the module docstring); with ``config.accounting == "program"``,
+    ThunderAgent's program tokens instead (``program_tokens``)."""
+    if config.accounting == "program":
+        return program_tokens(session, config)
     context = session.tokens.context_tokens + session.tokens.expected_append_tokens
     if session.held > 0:
         context = max(context, session.pending_prompt_tokens)
     if session.in_flight > 0:
         context = max(context, session.inflight_prompt_tokens)
     return context + expected_output_tokens(session, config)
+
+
+def program_tokens(session: Session, config: CoreConfig) -> int:
+    """ThunderAgent's count of a program's tokens (``CoreConfig.accounting`` "program"): the
+    prompt + completion of its last request (vLLM's ``usage.total_tokens``), no expected next
+    append; a held request's prompt; a running one's prompt plus its expected output."""
+    tokens = session.tokens.context_tokens
+    if session.held > 0:
+        tokens = max(tokens, session.pending_prompt_tokens)
+    if session.in_flight > 0:
+        tokens = max(tokens, session.inflight_prompt_tokens + expected_output_tokens(session, config))
+    return tokens

@@ -17,6 +17,8 @@ from services.common.vocabulary import DEFAULT_BLOCK_SIZE, Phase, serves_model
 
 #: ``CoreConfig.fast_admit``'s rules ("" = off)
 FAST_ADMIT_RULES = frozenset({"", "cache", "new-program", "home", "home-only"})
+#: ``CoreConfig.accounting``'s rules (``services.router.core.footprint.footprint_tokens``)
+ACCOUNTING_RULES = frozenset({"reservation", "program"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +87,19 @@ class CoreConfig:
     #: shares and holds its key already. Set from the policy's ``shares_prefixes_below_tokens``
     #: (``tao``: where a decode step with the whole cache read is still bound by the weights).
     share_prefixes_below_tokens: int = 0
+    #: what a session counts against its replica's capacity (docs/algorithms.md#footprint):
+    #: ``"reservation"``: the footprint f(s), context + expected next append + expected output
+    #: (TAO, SJF, Continuum's port); ``"program"``: ThunderAgent's program tokens
+    #: (``Program.total_tokens`` in its ``program/state.py``): vLLM's prompt + completion tokens
+    #: of the last request, the prompt while a request is held, and while one runs its prompt
+    #: plus the expected output (ThunderAgent adds the streamed tokens as they come, every ~20,
+    #: ``update_program_tokens_streaming``; the core sees no stream, so it counts the whole
+    #: output the request is expected to reach). Set from the policy's ``accounting``.
+    accounting: str = "reservation"
 
     def __post_init__(self) -> None:
+        if self.accounting not in ACCOUNTING_RULES:
+            raise ValueError(f"accounting must be one of {sorted(ACCOUNTING_RULES)}, got {self.accounting!r}")
         if self.share_prefixes_below_tokens < 0:
             raise ValueError(f"share_prefixes_below_tokens must be >= 0, got {self.share_prefixes_below_tokens}")
         if self.fast_admit not in FAST_ADMIT_RULES:

@@ -75,20 +75,31 @@ class PolicyFlags(TypedDict):
     lend: bool
     drop_resumed_reclaims: bool
     share_prefixes_below_tokens: int
+    accounting: str
 
 
 def policy_flags(policy: Policy) -> PolicyFlags:
     """The ``CoreConfig`` fields a policy decides, for ``CoreConfig(..., **policy_flags(policy))``
     (the router's runtime and the simulator build the core alike): gating and stickiness, and
     the optional attributes ``fast_admit``, ``lend``, ``reclaims_between_requests`` (default
-    False; it sets ``drop_resumed_reclaims``) and ``shares_prefixes_below_tokens`` (0 when absent)."""
+    False; it sets ``drop_resumed_reclaims``), ``shares_prefixes_below_tokens`` (0 when absent)
+    and ``accounting`` ("reservation" when absent)."""
     return PolicyFlags(
         gating=bool(policy.gates_admission), sticky=bool(policy.sticky),
         fast_admit=str(getattr(policy, "fast_admit", "") or ""), lend=bool(getattr(policy, "lend", False)),
         drop_resumed_reclaims=bool(getattr(policy, "reclaims_between_requests", False)),
         share_prefixes_below_tokens=int(getattr(policy, "shares_prefixes_below_tokens", 0) or 0)
         if policy.gates_admission else 0,
+        accounting=str(getattr(policy, "accounting", "") or "reservation"),
     )
+
+
+def admissible_fraction(policy: Policy, configured: float) -> float:
+    """``CoreConfig.target_utilisation`` for ``policy``: the deployment's ``configured`` fraction
+    of each replica's KV tokens, unless the policy names its own (``kv_utilisation``: ThunderAgent
+    counts the whole of vLLM's ``num_gpu_blocks × block_size``)."""
+    own = getattr(policy, "kv_utilisation", None)
+    return configured if own is None else float(own)
 
 
 class SessionConflict(ValueError):

@@ -368,3 +368,20 @@ def test_tao_reserves_a_shared_system_prompt_once_on_a_small_cache() -> None:
         assert run.incomplete == [] and not run.stalled, name
     assert peak == {"tao": 3, "tao-per-session": 2}
     assert make_policy("tao").shares_prefixes_below_tokens >= 16_000  # type: ignore[attr-defined]
+
+
+def test_the_simulator_counts_thunderagent_as_thunderagent_does_and_runs_it_to_the_end() -> None:
+    """``thunderagent``'s core counts program tokens against the whole KV cache (its
+    ``total_tokens_capacity``); ``thunderagent-reserved`` TAO's footprints against the configured
+    fraction; both complete every session of a contended trace."""
+    trace = _trace(8)
+    kv = SMALL.num_gpu_blocks * 16
+    published = ClusterSim(trace, make_policy("thunderagent"), SMALL)
+    reserved = ClusterSim(trace, make_policy("thunderagent-reserved"), SMALL)
+    assert published.core.config.accounting == "program" and reserved.core.config.accounting == "reservation"
+    published.run()
+    reserved.run()
+    assert published.core.capacity("r0") == kv
+    assert reserved.core.capacity("r0") == int(kv * SMALL.utilisation_target)
+    for sim in (published, reserved):
+        assert len(sim.done) == len(trace) and not sim.failed

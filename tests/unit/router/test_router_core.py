@@ -513,3 +513,8 @@ def test_policy_flags_are_what_the_runtime_and_the_simulator_configure_the_core_
              ("tao", "tao-fast", "tao-hold", "tao-paper", "thunderagent", "continuum", "continuum-affine", "sjf")}
     assert rules == {"tao": "cache", "tao-fast": "cache", "tao-hold": "", "tao-paper": "",
                      "thunderagent": "new-program", "continuum": "home", "continuum-affine": "home-only", "sjf": ""}
+    # CoreConfig.accounting: ThunderAgent counts what a program holds; every other policy a reservation
+    counts = {n: policy_flags(make_policy(n))["accounting"] for n in
+              ("tao", "thunderagent", "thunderagent-reserved", "continuum", "sjf", "round_robin")}
+    assert counts == {"tao": "reservation", "thunderagent": "program", "thunderagent-reserved": "reservation",
+                      "continuum": "reservation", "sjf": "reservation", "round_robin": "reservation"}
