@@ -34,11 +34,11 @@ from services.sim.engine.profiles import GLM47_FP8_H100X8, QWEN3_32B_H100X2, Pro
 QWEN3_32B_H100X4 = replace(QWEN3_32B_H100X2, name="qwen3-32b-h100x4", tp=4)
 """Qwen3-32B with TP4 on 4×H100 — the 2-node setup's stand-in model (see module docstring)."""
 
-SYSTEM_BASELINES: tuple[str, ...] = ("round_robin", "least_loaded", "cache_aware", "thunderagent", "continuum",
-                                     "continuum-affine", "sjf")
+SYSTEM_BASELINES: tuple[str, ...] = ("round_robin", "least_loaded", "cache_aware", "thunderagent",
+                                     "thunderagent-reserved", "continuum", "continuum-affine", "sjf")
 """What "the best baseline" is taken over: every system a user could run instead (the per-request
-routers, Dynamo's KV-router cost, ThunderAgent, Continuum in both fleet mappings) and the TAO
-paper's SJF comparison."""
+routers, Dynamo's KV-router cost, ThunderAgent with its own token count and on TAO's
+reservations, Continuum in both fleet mappings) and the TAO paper's SJF comparison."""
 OTHER_BASELINES: tuple[str, ...] = ("tao-paper",)
 """Reported next to the baselines, never counted as one: the TAO paper's own policy."""
 MAIN_POLICIES: tuple[str, ...] = ("tao", "oracle", *SYSTEM_BASELINES, *OTHER_BASELINES)
@@ -128,7 +128,7 @@ QUICK_MAX_TURNS = 12
 
 FAST_SCALE = 0.5
 FAST_MAX_WAVES = 2.0
-FAST_POLICIES: tuple[str, ...] = ("tao", "thunderagent", "continuum", "continuum-affine", "sjf")
+FAST_POLICIES: tuple[str, ...] = ("tao", "thunderagent", "thunderagent-reserved", "continuum", "continuum-affine", "sjf")
 FAST_SUFFIX = "/fast"
 
 

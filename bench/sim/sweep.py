@@ -44,8 +44,9 @@ from services.sim.workload.trace import TraceSession
 
 KINDS = ("swe-lite", "swe-verified", "terminal-bench", "chat-bursty", "batch-steady")
 PROFILES = ("qwen3-32b-h100x2", "qwen3-32b-h100x1", "qwen2.5-3b-h200", "glm-4.7-fp8-h100x8")
-PEERS = ("thunderagent", "sjf", "continuum-affine", "least_loaded", "cache_aware")
-"""The gating peers of issue 13 and the per-request routers (least-loaded, the Dynamo cost)."""
+PEERS = ("thunderagent", "thunderagent-reserved", "sjf", "continuum-affine", "least_loaded", "cache_aware")
+"""The gating peers of issue 13 (ThunderAgent with its own token count and on TAO's reservations)
+and the per-request routers (least-loaded, the Dynamo cost)."""
 SEED_BASE = 5000
 """Configuration ``i`` is drawn by ``random.Random(SEED_BASE + i)``; its trace's seed is 6000 + ``i``."""
 MIXED_SEED_BASE = 9000

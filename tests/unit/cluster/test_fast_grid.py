@@ -28,7 +28,7 @@ def test_fast_grid_mirrors_the_full_grid() -> None:
         levels = fast[i:i + 3]
         assert levels[0].concurrency < levels[1].concurrency < levels[2].concurrency
         assert [q.ablation for q in levels] == [False, True, False]
-    assert set(FAST_POLICIES) == {"tao", "thunderagent", "continuum", "continuum-affine", "sjf"}
+    assert set(FAST_POLICIES) == {"tao", "thunderagent", "thunderagent-reserved", "continuum", "continuum-affine", "sjf"}
 
 
 def test_fast_grid_keeps_the_contention_ratio_and_the_waves() -> None:
