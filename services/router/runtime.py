@@ -45,7 +45,7 @@ from services.planner.core.policy import Policy
 from services.planner.core.registry import make_policy
 from services.router.core.breaker import Breaker
 from services.router.core.hold import PLAN, hold_kind
-from services.router.core.model import CoreConfig, Grant, NewRequest, PlanDecision, Usage
+from services.router.core.model import Grant, NewRequest, PlanDecision, Usage
 from services.router.core.plans import outcome_counts
 from services.router.core.readiness import PredictionView, is_ready
 from services.router.core.snapshot import build_snapshot
@@ -53,9 +53,8 @@ from services.router.core.state import (
     RouterCore,
     SessionBusy,
     UnknownSession,
-    admissible_fraction,
     admission_hooks,
-    policy_flags,
+    core_config,
 )
 from services.router.core.tools import ToolCall
 from services.router.feeds import FencedFeed
@@ -101,13 +100,13 @@ class RouterRuntime:
         self.policy: Policy = make_policy(settings.policy)
         self.fallback: Policy = make_policy(settings.fallback_policy or settings.policy)
         self.core = RouterCore(
-            CoreConfig(
-                target_utilisation=admissible_fraction(self.policy, settings.target_utilisation), ewma_alpha=settings.ewma_alpha,
+            core_config(
+                self.policy, settings.target_utilisation, ewma_alpha=settings.ewma_alpha,
                 default_output_tokens=settings.default_output_tokens, session_ttl_s=settings.session_ttl_s,
                 max_attempts=settings.max_attempts,
                 # a fleet router's core sees only its own sessions, so it cannot tell that
                 # nothing contends: its pool sessions wait for the planner, which sees them all
-                **(policy_flags(self.policy) | ({"fast_admit": ""} if settings.fleet else {})),
+                **({"fast_admit": ""} if settings.fleet else {}),
             ),
             policy=self.policy,
             **admission_hooks(self.policy),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from services.budget.core.model import may_admit
 from services.common.core.evidence import last_used_replica
@@ -79,8 +79,7 @@ class PolicyFlags(TypedDict):
 
 
 def policy_flags(policy: Policy) -> PolicyFlags:
-    """The ``CoreConfig`` fields a policy decides, for ``CoreConfig(..., **policy_flags(policy))``
-    (the router's runtime and the simulator build the core alike): gating and stickiness, and
+    """The ``CoreConfig`` fields a policy decides (``core_config`` puts them in): gating and stickiness, and
     the optional attributes ``fast_admit``, ``lend``, ``reclaims_between_requests`` (default
     False; it sets ``drop_resumed_reclaims``), ``shares_prefixes_below_tokens`` (0 when absent)
     and ``accounting`` ("reservation" when absent)."""
@@ -100,6 +99,16 @@ def admissible_fraction(policy: Policy, configured: float) -> float:
     counts the whole of vLLM's ``num_gpu_blocks × block_size``)."""
     own = getattr(policy, "kv_utilisation", None)
     return configured if own is None else float(own)
+
+
+def core_config(policy: Policy, target_utilisation: float, **deployment: Any) -> CoreConfig:
+    """The router core's config for ``policy`` (the router's runtime and the simulator build it
+    alike): the policy's flags (``policy_flags``), the admissible fraction it counts against
+    (``admissible_fraction`` of the deployment's ``target_utilisation``), and the deployment's
+    other ``CoreConfig`` fields, which may override a flag (a router fleet turns ``fast_admit``
+    off)."""
+    return replace(CoreConfig(**policy_flags(policy)),
+                   target_utilisation=admissible_fraction(policy, target_utilisation), **deployment)
 
 
 class SessionConflict(ValueError):

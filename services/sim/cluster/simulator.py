@@ -43,10 +43,10 @@ from services.planner.core.model import Plan, Snapshot
 from services.planner.core.policy import Policy
 from services.predictor.core import EventType, Predictor, PredictorConfig, ToolEvent
 from services.predictor.core.config import ExplorationConfig
-from services.router.core.model import CoreConfig, NewRequest, PlanDecision, Replica, Usage
+from services.router.core.model import NewRequest, PlanDecision, Replica, Usage
 from services.router.core.plans import PAUSE_DROPPED
 from services.router.core.snapshot import build_snapshot
-from services.router.core.state import RouterCore, admissible_fraction, admission_hooks, policy_flags
+from services.router.core.state import RouterCore, admission_hooks, core_config
 from services.sim.cluster.kv_events import with_kv_events
 from services.sim.cluster.metrics import RequestRecord, SessionOutcome
 from services.sim.cluster.oracle import RemainingWork
@@ -171,9 +171,7 @@ class ClusterSim:
         if profile is None:
             profile = get_profile(config.profile)
         self.core = RouterCore(
-            CoreConfig(target_utilisation=admissible_fraction(policy, config.utilisation_target),
-                       pause_revalidation=config.pause_revalidation,
-                       **policy_flags(policy)),
+            core_config(policy, config.utilisation_target, pause_revalidation=config.pause_revalidation),
             None if self.gating else self.policy,
             **admission_hooks(policy),
         )

@@ -379,12 +379,13 @@ def test_the_simulator_counts_thunderagent_as_thunderagent_does_and_runs_it_to_t
     ``total_tokens_capacity``); ``thunderagent-reserved`` TAO's footprints against the configured
     fraction; both complete every session of a contended trace."""
     trace = _trace(8)
-    kv = SMALL.num_gpu_blocks * 16
     published = ClusterSim(trace, make_policy("thunderagent"), SMALL)
     reserved = ClusterSim(trace, make_policy("thunderagent-reserved"), SMALL)
     assert published.core.config.accounting == "program" and reserved.core.config.accounting == "reservation"
     published.run()
     reserved.run()
+    engine = published.replicas[0].engine
+    kv = engine.num_gpu_blocks * engine.block_size
     assert published.core.capacity("r0") == kv
     assert reserved.core.capacity("r0") == int(kv * SMALL.utilisation_target)
     for sim in (published, reserved):
